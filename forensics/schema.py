@@ -1,0 +1,202 @@
+"""The store's tables and their columns: the contract every module and the README share.
+
+Each table is a list of ``Column(name, polars dtype, description)``.  The README's table reference is
+checked against this module by a test, so the two cannot drift.  ``events`` also carries one column per
+typed field declared in ``parsers/formats/fields.toml`` (see ``events_columns``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: pl.DataType
+    description: str
+
+
+I64, F64, STR, BOOL = pl.Int64(), pl.Float64(), pl.String(), pl.Boolean()
+TS = pl.Datetime("us", "UTC")
+
+FILES = [
+    Column("path", STR, "path of the input file as given (relative paths are kept relative)"),
+    Column("file_id", STR, "stable id of the file in the store (hash of its resolved path)"),
+    Column("run", STR, "run the file's records belong to"),
+    Column("format", STR, "detected (or forced) format name"),
+    Column("compression", STR, "gzip, zstd or null"),
+    Column("size_bytes", I64, "size of the file on disk when ingested"),
+    Column("bytes_read", I64, "bytes of (decompressed) content parsed so far"),
+    Column("held_back_bytes", I64, "bytes of an unterminated last line not read yet (file still being written)"),
+    Column("lines_total", I64, "lines read so far"),
+    Column("lines_parsed", I64, "lines recognised as a record or as the continuation of one"),
+    Column("lines_skipped", I64, "blank lines and lines deliberately ignored (see skipped_by_kind)"),
+    Column("lines_unparsed", I64, "lines no pattern recognised (kept in the unparsed table)"),
+    Column("skipped_by_kind", STR, "JSON object: skipped line counts by kind"),
+    Column("head_sha256", STR, "hash of the first 4 KiB, to notice a file replaced under the same path"),
+    Column("mtime", F64, "modification time of the file when ingested (epoch seconds)"),
+    Column("ingested_at", TS, "when the file was (last) ingested"),
+]
+
+INSTANCES = [
+    Column("run", STR, "run of the file"),
+    Column("instance", STR, "instance id: file label, router child port, and #N for the Nth start in the file"),
+    Column("path", STR, "log file the instance was read from"),
+    Column("format", STR, "format of the lines"),
+    Column("router_port", I64, "router child port when the lines came through a router ([port] prefix)"),
+    Column("build", I64, "llama.cpp build number when logged"),
+    Column("commit", STR, "llama.cpp commit when logged"),
+    Column("model", STR, "model path or name when logged"),
+    Column("n_ctx", I64, "whole-server context size when logged"),
+    Column("n_slots", I64, "number of slots (-np) when logged, else the number of slots seen"),
+    Column("n_ctx_slot", I64, "context size of one slot when logged"),
+    Column("n_ctx_train", I64, "training context of the model when logged"),
+    Column("host", STR, "listen host when logged"),
+    Column("port", I64, "listen port when logged"),
+    Column("started_at", TS, "absolute start time when known (anchor or absolute prefix)"),
+    Column("time_basis", STR, "absolute, elapsed, or order (no time on the lines)"),
+    Column("line_first", I64, "first line of the instance in the file"),
+    Column("line_last", I64, "last line of the instance in the file"),
+    Column("requests", I64, "requests the instance served"),
+]
+
+EVENTS_BASE = [
+    Column("run", STR, "run of the file"),
+    Column("path", STR, "log file"),
+    Column("line_no", I64, "1-based line number in the file"),
+    Column("instance", STR, "instance the line belongs to"),
+    Column("kind", STR, "line kind (see the format definitions)"),
+    Column("level", STR, "level letter or word when logged (I, W, E, D, INFO, ...)"),
+    Column("elapsed_s", F64, "seconds since the process started, when the line carries elapsed time"),
+    Column("ts", TS, "absolute time when known"),
+    Column("seq_global", I64, "order of the event in the file (line order)"),
+    Column("host_wrapper", STR, "host name from a syslog/journald wrapper"),
+]
+
+REQUESTS = [
+    Column("run", STR, "run the request belongs to"),
+    Column("instance", STR, "server instance (file, router port, restart) that served it"),
+    Column("path", STR, "log file"),
+    Column("slot", I64, "slot id"),
+    Column("task", I64, "task id (a join key only: task ids jump)"),
+    Column("seq", I64, "order of the request on its slot within the instance (1, 2, ...)"),
+    Column("prompt_tokens", I64, "prompt tokens, cache included (new prompt line, or n_past - gen + 1)"),
+    Column("prompt_eval_tokens", I64, "prompt tokens evaluated (timings; cache excluded)"),
+    Column("cached_tokens", I64, "prompt tokens served from cache, where logged or derivable"),
+    Column("gen_tokens", I64, "generated tokens"),
+    Column("prompt_ms", F64, "prompt processing time"),
+    Column("gen_ms", F64, "generation time"),
+    Column("total_ms", F64, "total time as logged (prompt + generation)"),
+    Column("gen_tok_per_s", F64, "gen_tokens / gen_ms * 1000"),
+    Column("n_past_end", I64, "tokens in the slot at release (n_past / n_tokens)"),
+    Column("n_ctx_slot", I64, "context size of the slot when known"),
+    Column("stop_reason", STR, "eos (ended by itself: EOS or a stop word), limit, word, context, cancelled, error, unknown"),
+    Column("truncated", BOOL, "released with truncated = 1 (context shift, truncation or context full)"),
+    Column("context_shift", BOOL, "a context shift happened during the request"),
+    Column("n_predict", I64, "output cap in force when logged (-1 = none)"),
+    Column("http_status", I64, "HTTP status of the request line tied to it, when logged"),
+    Column("http_path", STR, "HTTP path of the request line tied to it"),
+    Column("error", STR, "error text tied to the task (send_error, exception)"),
+    Column("complete", BOOL, "the log shows the request's end (release or timings)"),
+    Column("t_start", TS, "absolute start time when an anchor exists"),
+    Column("t_end", TS, "absolute end time when an anchor exists"),
+    Column("elapsed_start_s", F64, "start, seconds since process start (when the log has elapsed time)"),
+    Column("elapsed_end_s", F64, "end, seconds since process start"),
+    Column("line_first", I64, "first line of the request (evidence)"),
+    Column("line_last", I64, "last line of the request (evidence)"),
+]
+
+UNPARSED = [
+    Column("run", STR, "run of the file"),
+    Column("path", STR, "file"),
+    Column("line_no", I64, "1-based line number"),
+    Column("text", STR, "the line as read (invalid UTF-8 replaced)"),
+    Column("shape", STR, "the line with numbers and hex ids masked, for grouping"),
+]
+
+RUNS = [
+    Column("run", STR, "run id"),
+    Column("started_at", TS, "run start"),
+    Column("ended_at", TS, "run end"),
+    Column("concurrency", I64, "client concurrency / np of the run"),
+    Column("model", STR, "model"),
+    Column("ended_how", STR, "completed, killed, crashed, unknown"),
+    Column("ended_detail", STR, "e.g. killed by a watchdog after N s"),
+    Column("items_expected", I64, "size of the expected universe of items"),
+    Column("stages", STR, "JSON array of stage names"),
+    Column("config", STR, "JSON object: free-form run configuration and budgets"),
+    Column("servers", STR, "JSON array: server instances (name, host:port, log file, launched_at)"),
+    Column("source", STR, "manifest file"),
+]
+
+ATTEMPTS = [
+    Column("run", STR, "run id"),
+    Column("item", STR, "item (e.g. a ticker)"),
+    Column("stage", STR, "stage name"),
+    Column("attempt", I64, "attempt number (1 = first try)"),
+    Column("server", STR, "server instance name used by the harness"),
+    Column("started_at", TS, "client send time"),
+    Column("ended_at", TS, "client end time"),
+    Column("http_status", I64, "HTTP status (null = no response)"),
+    Column("error", STR, "client-side error text"),
+    Column("outcome", STR, "ok, failed, parse_error, timeout, cancelled"),
+    Column("id_slot", I64, "slot id from the server's response"),
+    Column("tokens_evaluated", I64, "prompt tokens (response)"),
+    Column("tokens_predicted", I64, "generated tokens (response)"),
+    Column("stop_type", STR, "stop type from the response (eos, limit, word, none)"),
+    Column("truncated", BOOL, "truncated flag from the response"),
+    Column("prompt_n", I64, "timings.prompt_n"),
+    Column("prompt_ms", F64, "timings.prompt_ms"),
+    Column("predicted_n", I64, "timings.predicted_n"),
+    Column("predicted_ms", F64, "timings.predicted_ms"),
+    Column("output_text", STR, "output text when kept"),
+    Column("output_chars", I64, "output length in characters"),
+    Column("max_tokens", I64, "output cap the request asked for"),
+    Column("source", STR, "records file"),
+    Column("source_line", I64, "line in the records file"),
+]
+
+ITEMS = [
+    Column("run", STR, "run id"),
+    Column("item", STR, "item"),
+    Column("stage", STR, "stage"),
+    Column("attempts", I64, "attempts made"),
+    Column("outcome", STR, "final outcome: ok, or the outcome of the last attempt, or never_attempted"),
+    Column("done", BOOL, "the item x stage finished ok"),
+]
+
+TABLES: dict[str, list[Column]] = {
+    "files": FILES,
+    "instances": INSTANCES,
+    "events": EVENTS_BASE,
+    "requests": REQUESTS,
+    "unparsed": UNPARSED,
+    "runs": RUNS,
+    "attempts": ATTEMPTS,
+    "items": ITEMS,
+}
+
+
+def polars_schema(table: str) -> dict[str, pl.DataType]:
+    return {c.name: c.dtype for c in TABLES[table]}
+
+
+def empty(table: str) -> pl.DataFrame:
+    return pl.DataFrame(schema=polars_schema(table))
+
+
+def conform(df: pl.DataFrame, table: str) -> pl.DataFrame:
+    """Give ``df`` exactly the table's columns, in order, with their types (missing ones null)."""
+    cols = []
+    for c in TABLES[table]:
+        if c.name in df.columns:
+            cols.append(pl.col(c.name).cast(c.dtype))
+        else:
+            cols.append(pl.lit(None, dtype=c.dtype).alias(c.name))
+    extra = [n for n in df.columns if n not in {c.name for c in TABLES[table]}]
+    if table == "events":
+        return df.select([*cols, *[pl.col(n) for n in extra]])
+    return df.select(cols)

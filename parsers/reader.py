@@ -1,0 +1,196 @@
+"""Read log files in large chunks of whole lines, as Arrow/polars string columns.
+
+Plain, ``.gz`` and ``.zst`` files are read in chunks of about ``chunk_bytes`` that always end on a
+newline, so memory stays flat whatever the file size.  Invalid UTF-8 is kept with replacement
+characters, never dropped.  A last line without a newline in a plain file is held back (a log still
+being written): it is read by the next ingest once it is complete.  Compressed files are read to the
+end, and a truncated compressed file yields what could be decoded plus a warning.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from forensics.errors import InputError
+
+CHUNK_BYTES = 32 * 1024 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def compression_of(path: Path) -> str | None:
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(ZSTD_MAGIC):
+        return "zstd"
+    return None
+
+
+def open_binary(path: Path) -> io.BufferedIOBase:
+    """Open a file for reading bytes, decompressing gzip and zstd by content."""
+    kind = compression_of(path)
+    if kind == "gzip":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(path.open("rb"), read_across_frames=True)  # type: ignore[return-value]
+    return path.open("rb")
+
+
+def read_head(path: Path, n_bytes: int = 256 * 1024) -> bytes:
+    try:
+        with open_binary(path) as fh:
+            return fh.read(n_bytes)
+    except (OSError, EOFError, zlib.error) as exc:
+        return b"" if not str(exc) else _partial_head(path, n_bytes)
+
+
+def _partial_head(path: Path, n_bytes: int) -> bytes:
+    out = bytearray()
+    try:
+        with open_binary(path) as fh:
+            while len(out) < n_bytes:
+                block = fh.read(4096)
+                if not block:
+                    break
+                out += block
+    except Exception:
+        pass
+    return bytes(out)
+
+
+@dataclass
+class Chunk:
+    """A block of whole lines."""
+
+    lines: pl.Series  # str, without the line terminator
+    first_line_no: int  # 1-based number of the first line
+    first_offset: int  # byte offset of the first line in the (decompressed) stream
+    line_offsets: np.ndarray  # byte offset of each line's start
+    end_offset: int  # byte offset just after the last line's newline
+
+
+@dataclass
+class ReadState:
+    warnings: list[str] = field(default_factory=list)
+    end_offset: int = 0  # where the next read should start
+    held_back_bytes: int = 0  # an incomplete last line not read yet
+    line_no: int = 0  # lines read so far (from the start of the file)
+
+
+def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
+    """Turn a block of whole lines (ending in newline) into a string series without terminators."""
+    starts = np.empty(len(nl), dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = nl[:-1] + 1
+    try:
+        block.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    if valid and len(block) < 2**31 - 1:
+        offsets = np.empty(len(nl) + 1, dtype=np.int32)
+        offsets[:-1] = starts
+        offsets[-1] = len(block)
+        arr = pa.StringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(block))
+        s = pl.Series("line", arr)
+    else:
+        text = block.decode("utf-8", errors="replace")
+        parts = text.split("\n")
+        if parts and parts[-1] == "":
+            parts.pop()
+        s = pl.Series("line", [p + "\n" for p in parts], dtype=pl.String)
+    # Drop the newline and a CR before it (CRLF); keep leading CRs for the parser to see.
+    return s.str.strip_suffix("\n").str.strip_suffix("\r")
+
+
+def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
+                chunk_bytes: int = CHUNK_BYTES, state: ReadState | None = None,
+                final: bool | None = None) -> Iterator[Chunk]:
+    """Yield chunks of whole lines from ``start_offset`` (a byte offset at a line start).
+
+    ``final``: read an unterminated last line too (default: only for compressed files).
+    """
+    state = state if state is not None else ReadState()
+    compressed = compression_of(path) is not None
+    if final is None:
+        final = compressed
+    offset = start_offset
+    line_no = start_line_no
+    carry = b""
+    try:
+        fh = open_binary(path)
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror or exc}", path=str(path),
+                         hint="check the path and permissions") from exc
+    with fh:
+        if start_offset:
+            if compressed:
+                _skip(fh, start_offset)
+            else:
+                fh.seek(start_offset)
+        eof = False
+        while not eof:
+            try:
+                data = fh.read(chunk_bytes)
+            except (EOFError, OSError, zlib.error) as exc:
+                state.warnings.append(f"{path}: compressed stream ends early ({exc}); kept the lines before it")
+                data = b""
+                final = True
+            except Exception as exc:  # zstandard raises its own error type
+                state.warnings.append(f"{path}: compressed stream is damaged ({exc}); kept the lines before it")
+                data = b""
+                final = True
+            if not data:
+                eof = True
+                block = carry
+                carry = b""
+                if block and final:
+                    block += b"\n"
+                elif block:
+                    state.held_back_bytes = len(block)
+                    break
+            else:
+                block = carry + data
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    carry = block
+                    continue
+                carry = block[cut + 1:]
+                block = block[:cut + 1]
+            if not block:
+                continue
+            nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+            series = _to_series(block, nl)
+            starts = np.empty(len(nl), dtype=np.int64)
+            starts[0] = 0
+            starts[1:] = nl[:-1] + 1
+            chunk = Chunk(lines=series, first_line_no=line_no + 1, first_offset=offset,
+                          line_offsets=starts + offset, end_offset=offset + len(block))
+            line_no += len(nl)
+            offset += len(block)
+            state.end_offset = offset
+            state.line_no = line_no
+            yield chunk
+    state.end_offset = offset
+    state.line_no = line_no
+
+
+def _skip(fh: io.BufferedIOBase, n: int) -> None:
+    while n > 0:
+        block = fh.read(min(n, 8 * 1024 * 1024))
+        if not block:
+            break
+        n -= len(block)
