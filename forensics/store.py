@@ -1,0 +1,306 @@
+"""The store: Parquet tables in a hive layout, a manifest, atomic commits, and DuckDB views.
+
+Layout::
+
+    STORE/
+      _manifest.json                    # which part files make up each table (the only truth)
+      <table>/run=<escaped run>/<part>.parquet
+      _empty/<table>.parquet            # zero-row file with the table's schema
+      .lock                             # held while an ingest writes
+      .txn/<id>.json                    # journal of a commit in progress
+
+The ``run`` column is the hive partition key: it lives in the directory name, not inside the files, so
+DuckDB, Spark and Trino read the same folders the same way.  A commit writes new parts under a
+temporary name, journals the planned renames and deletions, then applies them and replaces the
+manifest with an atomic rename.  An interrupted commit is rolled forward (journal complete) or
+discarded (journal incomplete) the next time the store is opened, so readers only ever see the
+store as it was before or after an ingest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import duckdb
+import polars as pl
+
+from forensics import schema
+from forensics.errors import NotFoundError, StoreError
+
+MANIFEST = "_manifest.json"
+FORMAT_VERSION = 1
+DEFAULT_STORE = "forensics-store"
+
+
+def default_store_path() -> Path:
+    return Path(os.environ.get("FORENSICS_STORE") or DEFAULT_STORE)
+
+
+def escape_partition(value: str) -> str:
+    """Escape a run name for a hive directory: no separators, no '..', no NUL; reversible."""
+    text = quote(value.replace("\x00", ""), safe="-_.~+@")
+    if text in {"", ".", ".."} or text.startswith("."):
+        text = quote(text, safe="").replace(".", "%2E")
+    return text or "%2E"
+
+
+@dataclass
+class Transaction:
+    """Parts to add and remove, committed together."""
+
+    store: Store
+    txn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    adds: dict[str, list[str]] = field(default_factory=dict)  # table -> final relative paths
+    staged: list[tuple[str, str]] = field(default_factory=list)  # (tmp rel path, final rel path)
+    removes: dict[str, set[str]] = field(default_factory=dict)
+    meta_updates: dict[str, Any] = field(default_factory=dict)
+    _counter: int = 0
+
+    def write(self, table: str, df: pl.DataFrame, *, run: str, name: str) -> None:
+        """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``."""
+        if df.height == 0:
+            return
+        if "run" in df.columns:
+            df = df.drop("run")
+        self._counter += 1
+        rel = f"{table}/run={escape_partition(run)}/{name}-{self.txn_id}-{self._counter:05d}.parquet"
+        tmp = f"{rel}.tmp-{self.txn_id}"
+        path = self.store.root / tmp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(path, compression="zstd", statistics=True)
+        self.staged.append((tmp, rel))
+        self.adds.setdefault(table, []).append(rel)
+
+    def remove(self, table: str, rel_paths: list[str]) -> None:
+        self.removes.setdefault(table, set()).update(rel_paths)
+
+    def commit(self) -> None:
+        self.store._commit(self)
+
+
+class Store:
+    """A forensics store on disk."""
+
+    def __init__(self, root: Path | str, *, create: bool = False) -> None:
+        self.root = Path(root)
+        if not (self.root / MANIFEST).exists():
+            if not create:
+                raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")
+            self._init()
+        self.recover()
+        self._manifest = self._read_manifest()
+
+    # ------------------------------------------------------------------ layout
+    def _init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "_empty").mkdir(exist_ok=True)
+        manifest = {"version": FORMAT_VERSION, "parts": {t: [] for t in schema.TABLES}, "meta": {}}
+        self._write_json(self.root / MANIFEST, manifest)
+
+    def _empty_part(self, table: str, columns: dict[str, pl.DataType] | None = None) -> Path:
+        path = self.root / "_empty" / f"{table}.parquet"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sch = {k: v for k, v in (columns or schema.polars_schema(table)).items() if k != "run"}
+            tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
+            pl.DataFrame(schema=sch).write_parquet(tmp)
+            os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def _write_json(path: Path, data: Any) -> None:
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def _read_manifest(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.root / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StoreError(f"cannot read {self.root / MANIFEST}: {exc}",
+                             hint="run `forensics check` to see how to repair the store") from exc
+        for t in schema.TABLES:
+            data.setdefault("parts", {}).setdefault(t, [])
+        data.setdefault("meta", {})
+        return data
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self._manifest
+
+    def parts(self, table: str) -> list[str]:
+        return list(self._manifest["parts"].get(table, []))
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        return self._manifest["meta"].get(key, default)
+
+    # ------------------------------------------------------------------ locking and commits
+    @contextlib.contextmanager
+    def lock(self, *, wait: bool = True, on_wait: Any = None) -> Iterator[None]:
+        """Serialize writers.  A second ingest waits (after saying so), or fails if ``wait`` is False."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fh = (self.root / ".lock").open("a+")
+        try:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    raise StoreError(f"another ingest is writing to {self.root}",
+                                     hint="wait for it to finish, then run again") from None
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            self.recover()
+            self._manifest = self._read_manifest()
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def transaction(self) -> Transaction:
+        return Transaction(self)
+
+    def _commit(self, txn: Transaction) -> None:
+        manifest = json.loads(json.dumps(self._manifest))
+        for table, rels in txn.removes.items():
+            manifest["parts"][table] = [p for p in manifest["parts"].get(table, []) if p not in rels]
+        for table, rels in txn.adds.items():
+            manifest["parts"].setdefault(table, []).extend(rels)
+        for key, value in txn.meta_updates.items():
+            if value is None:
+                manifest["meta"].pop(key, None)
+            else:
+                manifest["meta"][key] = value
+        journal = {
+            "txn": txn.txn_id,
+            "renames": txn.staged,
+            "deletes": sorted({p for rels in txn.removes.values() for p in rels}),
+            "manifest": manifest,
+            "complete": True,
+        }
+        jdir = self.root / ".txn"
+        jdir.mkdir(exist_ok=True)
+        self._write_json(jdir / f"{txn.txn_id}.json", journal)  # the commit point
+        self._apply(journal)
+        (jdir / f"{txn.txn_id}.json").unlink(missing_ok=True)
+        self._manifest = manifest
+
+    def _apply(self, journal: dict[str, Any]) -> None:
+        for tmp, final in journal["renames"]:
+            src, dst = self.root / tmp, self.root / final
+            if src.exists():
+                os.replace(src, dst)
+        self._write_json(self.root / MANIFEST, journal["manifest"])
+        for rel in journal["deletes"]:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / rel).unlink()
+
+    def recover(self) -> list[str]:
+        """Finish or discard an interrupted commit; remove stray temporary files."""
+        notes: list[str] = []
+        jdir = self.root / ".txn"
+        if jdir.exists():
+            for jpath in sorted(jdir.glob("*.json")):
+                try:
+                    journal = json.loads(jpath.read_text(encoding="utf-8"))
+                    if journal.get("complete"):
+                        self._apply(journal)
+                        notes.append(f"completed interrupted commit {journal.get('txn')}")
+                except (OSError, json.JSONDecodeError):
+                    notes.append(f"discarded incomplete commit journal {jpath.name}")
+                jpath.unlink(missing_ok=True)
+            for stray in jdir.glob(".*"):
+                stray.unlink(missing_ok=True)
+        for stray in self.root.glob("*/run=*/*.tmp-*"):
+            stray.unlink(missing_ok=True)
+            notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
+        for stray in self.root.glob(".*.tmp-*"):
+            stray.unlink(missing_ok=True)
+        return notes
+
+    # ------------------------------------------------------------------ reading
+    def connect(self, *, tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with one view per table (same names as the tables)."""
+        con = duckdb.connect(":memory:")
+        con.execute("SET TimeZone = 'UTC'")
+        for table in tables or list(schema.TABLES):
+            self._create_view(con, table)
+        return con
+
+    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str) -> None:
+        parts = [str(self.root / p) for p in self.parts(table)]
+        empty = self._empty_part(table)
+        if not parts:
+            cols = ", ".join(
+                f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
+            )
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
+            return
+        del empty
+        files = ", ".join("'" + p.replace("'", "''") + "'" for p in parts)
+        cols = ", ".join(f'"{c.name}"' for c in schema.TABLES[table])
+        extra = ""
+        if table == "events":
+            extra = ", * EXCLUDE (" + ", ".join(f'"{c.name}"' for c in schema.TABLES[table]) + ")"
+        con.execute(
+            f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}{extra} FROM read_parquet([{files}], "
+            "hive_partitioning = true, union_by_name = true)"
+        )
+
+    def table(self, name: str) -> pl.DataFrame:
+        """A whole table as a polars DataFrame (columns in contract order)."""
+        if name not in schema.TABLES:
+            raise NotFoundError(f"no table {name!r}", hint=f"tables: {', '.join(schema.TABLES)}")
+        con = self.connect(tables=[name])
+        try:
+            df = fetch_pl(con, f"SELECT * FROM {name}")
+        finally:
+            con.close()
+        return schema.conform(df, name) if name != "events" else df
+
+    def runs_seen(self) -> list[str]:
+        con = self.connect(tables=["requests", "files", "runs"])
+        try:
+            rows = con.execute(
+                "SELECT DISTINCT run FROM (SELECT run FROM files UNION SELECT run FROM runs) ORDER BY run"
+            ).fetchall()
+        finally:
+            con.close()
+        return [r[0] for r in rows if r[0] is not None]
+
+
+def fetch_pl(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> pl.DataFrame:
+    """Run ``sql`` with bound ``params`` and return a polars DataFrame."""
+    rel = con.sql(sql, params=params) if params is not None else con.sql(sql)
+    if rel is None:
+        return pl.DataFrame()
+    return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
+
+
+def _duck_type(dtype: pl.DataType) -> str:
+    if dtype == pl.Int64():
+        return "BIGINT"
+    if dtype == pl.Float64():
+        return "DOUBLE"
+    if dtype == pl.Boolean():
+        return "BOOLEAN"
+    if isinstance(dtype, pl.Datetime):
+        return "TIMESTAMPTZ"
+    return "VARCHAR"
+
+
+def now_utc() -> float:
+    return time.time()
