@@ -1,0 +1,86 @@
+"""The ``forensics`` command: a thin shell over the library.
+
+Each command parses options, calls one library function and renders its result.  Errors from the
+library (``ForensicsError``) become one line on stderr and exit code 2 here, in one place.
+
+Exit codes: 0 ok; 1 findings when a ``--fail-on`` gate trips or a smoke budget fails; 2 usage or input
+error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from forensics.errors import ExitCode, ForensicsError
+from forensics.store import default_store_path
+
+# Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
+COMMAND_MODULES = ("core", "replay", "findings", "throughput", "generate", "check")
+
+
+def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--store", "store_path", type=click.Path(path_type=Path), default=None,
+        help="Store directory (default: $FORENSICS_STORE, else ./forensics-store).",
+    )(fn)
+
+
+def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+        help="Output format (JSON: an array of objects keyed by column name).",
+    )(fn)
+
+
+def resolve_store(path: Path | None) -> Path:
+    return path if path is not None else default_store_path()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="llama-forensics")
+def cli() -> None:
+    """Forensics for llama-server logs and batch replay runs.
+
+    \b
+    forensics ingest logs/            read logs and replay records into the store
+    forensics summary                 what the store holds
+    forensics deadslots run-42        slots that went bad and stayed bad
+    forensics runaways run-42         outputs that ran away
+    forensics missing run-42          items missing from a run, and why
+    forensics throughput              throughput vs concurrency across runs
+    """
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"forensics.commands.{_name}")
+    except ModuleNotFoundError as _exc:  # a command module not written yet
+        if _exc.name != f"forensics.commands.{_name}":
+            raise
+        continue
+    _mod.register(cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI and map errors to documented exit codes."""
+    try:
+        rv = cli.main(args=argv, prog_name="forensics", standalone_mode=False)
+    except ForensicsError as exc:
+        click.echo(f"forensics: error: {exc.one_line()}", err=True)
+        sys.exit(int(exc.exit_code))
+    except click.exceptions.Abort:
+        click.echo("forensics: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except KeyboardInterrupt:
+        click.echo("forensics: interrupted; the store is as it was before this command", err=True)
+        sys.exit(130)
+    sys.exit(int(rv) if isinstance(rv, int) else 0)

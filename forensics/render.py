@@ -1,0 +1,85 @@
+"""Render tabular results for the terminal or for other programs: table, csv or json.
+
+stdout is data: JSON is an array of objects keyed by column name (one per row), CSV has a header row,
+and the table is a plain aligned text table (no colour when not writing to a terminal).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from datetime import date, datetime
+from typing import Any, TextIO
+
+import polars as pl
+
+FORMATS = ("table", "csv", "json")
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat().replace("+00:00", "Z")
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def to_json(df: pl.DataFrame) -> str:
+    rows = [{k: _json_value(v) for k, v in row.items()} for row in df.iter_rows(named=True)]
+    return json.dumps(rows, indent=2, ensure_ascii=False)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        if v == int(v) and abs(v) < 1e15:
+            return f"{v:.1f}"
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"
+    if isinstance(v, datetime):
+        return v.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return str(v).replace("\n", "\\n")
+
+
+def to_table(df: pl.DataFrame, *, max_width: int = 60) -> str:
+    headers = df.columns
+    rows = [[_cell(v) for v in row] for row in df.iter_rows()]
+    rows = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    numeric = [df.schema[h].is_numeric() for h in headers]
+
+    def fmt(cells: list[str]) -> str:
+        out = []
+        for c, w, num in zip(cells, widths, numeric):
+            out.append(c.rjust(w) if num else c.ljust(w))
+        return "  ".join(out).rstrip()
+
+    lines = [fmt(list(headers)), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in rows]
+    return "\n".join(lines)
+
+
+def to_csv(df: pl.DataFrame) -> str:
+    buf = io.StringIO()
+    flat = df.with_columns(
+        [pl.col(c).dt.to_string("%Y-%m-%dT%H:%M:%S%.3fZ") for c, t in df.schema.items() if isinstance(t, pl.Datetime)]
+    )
+    flat.write_csv(buf)
+    return buf.getvalue().rstrip("\n")
+
+
+def render(df: pl.DataFrame, fmt: str, out: TextIO) -> None:
+    """Write ``df`` to ``out`` in ``fmt`` (table, csv or json)."""
+    if fmt == "json":
+        out.write(to_json(df) + "\n")
+    elif fmt == "csv":
+        out.write(to_csv(df) + "\n")
+    else:
+        out.write(to_table(df) + "\n")
