@@ -1,0 +1,125 @@
+"""Core commands: ingest, sql, summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+def register(cli: click.Group) -> None:
+    from forensics import cli as cli_mod
+    from forensics import ingest as ingest_mod
+    from forensics.render import render
+    from forensics.store import Store, fetch_pl
+
+    @cli.command()
+    @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+    @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
+    @click.option("--format", "fmt", default=None, help="Force a log format (default: detected from content).")
+    @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
+    @click.option("--mapping", type=click.Path(path_type=Path, exists=True), default=None,
+                  help="TOML mapping for another harness's records.")
+    @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
+    @cli_mod.store_option
+    def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
+               mapping: Path | None, keep_going: bool, store_path: Path | None) -> None:
+        """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store."""
+        store_dir = cli_mod.resolve_store(store_path)
+        t0 = time.monotonic()
+        bar = _Progress(t0)
+        result = ingest_mod.ingest(
+            store_dir, list(paths), run=run, fmt=fmt,
+            started_at=ingest_mod.parse_time(started_at) if started_at else None,
+            keep_going=keep_going, mapping=mapping, progress=bar.update,
+            on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...", err=True),
+        )
+        bar.close()
+        for f in result.files:
+            line = f"{f.status:<9} {f.path}  {f.kind}"
+            if f.status not in {"unchanged", "error"} and not f.kind.startswith("records"):
+                line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
+                         f"requests={f.requests}")
+            if f.message:
+                line += f"  {f.message}"
+            click.echo(line, err=True)
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
+        for e in result.errors:
+            click.echo(f"error: {e}", err=True)
+        t = result.totals
+        click.echo(f"total: files={len(result.files)} lines={t['lines']} parsed={t['parsed']} "
+                   f"skipped={t['skipped']} unparsed={t['unparsed']} requests={t['requests']} "
+                   f"({time.monotonic() - t0:.1f}s) -> {store_dir}", err=True)
+        if result.unknown_shapes:
+            click.echo("most common unknown line shapes:", err=True)
+            for shape, n in result.unknown_shapes:
+                click.echo(f"  {n:>7}  {shape}", err=True)
+
+    @cli.command()
+    @click.argument("query")
+    @cli_mod.format_option
+    @cli_mod.store_option
+    def sql(query: str, fmt: str, store_path: Path | None) -> None:
+        """Run a SQL QUERY (DuckDB) over the store's tables."""
+        store = Store(cli_mod.resolve_store(store_path))
+        con = store.connect()
+        try:
+            df = fetch_pl(con, query)
+        except Exception as exc:  # duckdb errors are many types
+            from forensics.errors import QueryError
+
+            raise QueryError(str(exc).splitlines()[0], hint="check the SQL; tables: files, instances, events, "
+                             "requests, unparsed, runs, attempts, items") from exc
+        finally:
+            con.close()
+        render(df, fmt, sys.stdout)
+
+    @cli.command()
+    @cli_mod.format_option
+    @cli_mod.store_option
+    def summary(fmt: str, store_path: Path | None) -> None:
+        """What the store holds: files, instances, and requests per run."""
+        store = Store(cli_mod.resolve_store(store_path))
+        parts = ingest_mod.summary(store)
+        if fmt == "json":
+            import json
+
+            from forensics.render import to_json
+
+            sys.stdout.write("{" + ",".join(f'"{k}": {to_json(v)}' for k, v in parts.items()) + "}\n")
+            json  # noqa: B018
+            return
+        for name, df in parts.items():
+            if fmt == "table":
+                click.echo(f"# {name}")
+            render(df, fmt, sys.stdout)
+            if fmt == "table":
+                click.echo("")
+
+
+class _Progress:
+    """A progress bar on stderr, shown only for ingests longer than a second."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.monotonic() - self.t0 < 1.0 or not total:
+                return
+            from rich.progress import BarColumn, Progress, TextColumn, TransferSpeedColumn
+
+            self.bar = Progress(TextColumn("ingest"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                TransferSpeedColumn(), transient=True,
+                                console=__import__("rich.console").console.Console(stderr=True))
+            self.bar.start()
+            self.task = self.bar.add_task("ingest", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,366 @@
+"""Turn classified events into instances and requests, chunk by chunk.
+
+Instances: a new server process starts at a boundary line (build / verbosity banner) once the previous
+one has done more than start up, or when elapsed time jumps back.  Router children ([port] prefix) are
+separate instances, keyed by port.  Requests: one per (instance, slot, task), aggregated from the lines
+of that task; partial aggregates from each chunk are merged at the end of the file, so memory holds one
+small row per request, not every line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import polars as pl
+
+from parsers.spec import Format
+
+# Kinds whose fields feed a request, by role.  Kind names are the contract with the format files.
+START_KINDS = ("slot_start", "era2_start", "rec_start")
+RELEASE_KINDS = ("release", "era2_release", "rec_release")
+TASK_ONLY_KINDS = ("send_error", "cancel", "rec_task_error")
+HTTP_KINDS = ("http_request", "rec_http_request")
+GEN_PATH_HINTS = ("/completion", "/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+                  "/infill", "/embedding", "/rerank", "/v1/embeddings")
+
+
+@dataclass
+class KeyState:
+    instance_no: int = 0
+    prev_startup: bool = True
+    prev_elapsed: float | None = None
+    hdr_slot: int | None = None
+    hdr_task: int | None = None
+
+
+@dataclass
+class AssembleState:
+    keys: dict[int, KeyState] = field(default_factory=dict)
+    partials: list[pl.DataFrame] = field(default_factory=list)
+    http: list[pl.DataFrame] = field(default_factory=list)
+    inst_info: list[pl.DataFrame] = field(default_factory=list)
+
+
+def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
+    """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk."""
+    if ev.height == 0:
+        return ev.with_columns(pl.lit(-1, dtype=pl.Int64).alias("ikey"), pl.lit(1, dtype=pl.Int64).alias("instance_no"))
+    startup = {k.name for k in fmt.kinds if k.startup}
+    boundary = {k.name for k in fmt.kinds if k.boundary}
+    if "router_port" in ev.columns:
+        ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
+    else:
+        ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
+    ev = ev.with_columns(ikey.alias("ikey"))
+    kinds = ev["kind"].to_numpy()
+    is_start = np.isin(kinds, list(startup))
+    is_bound = np.isin(kinds, list(boundary))
+    elapsed = ev["elapsed_s"].to_numpy() if "elapsed_s" in ev.columns else None
+    keys = ev["ikey"].to_numpy()
+    inst = np.zeros(ev.height, dtype=np.int64)
+    for key in np.unique(keys):
+        st = state.keys.setdefault(int(key), KeyState())
+        idx = np.flatnonzero(keys == key)
+        prev_start = np.empty(len(idx), dtype=bool)
+        prev_start[0] = st.prev_startup
+        prev_start[1:] = is_start[idx[:-1]]
+        brk = is_bound[idx] & ~prev_start
+        if elapsed is not None:
+            e = elapsed[idx].astype(float)
+            prev_e = np.empty(len(idx))
+            prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
+            prev_e[1:] = e[:-1]
+            prev_e = pd_ffill(prev_e)
+            brk |= np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0
+            valid = e[~np.isnan(e)]
+            if len(valid):
+                st.prev_elapsed = float(valid[-1])
+        if st.instance_no == 0:
+            st.instance_no = 1
+            brk[0] = False
+        counts = st.instance_no + np.cumsum(brk)
+        inst[idx] = counts
+        st.instance_no = int(counts[-1])
+        st.prev_startup = bool(is_start[idx[-1]])
+    return ev.with_columns(pl.Series("instance_no", inst))
+
+
+def pd_ffill(a: np.ndarray) -> np.ndarray:
+    mask = np.isnan(a)
+    if not mask.any():
+        return a
+    idx = np.where(~mask, np.arange(len(a)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = a[idx]
+    return out
+
+
+def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
+    """Lines without slot/task (era-4 timing block bodies) take them from their header line."""
+    inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
+    if not inheritors or ev.height == 0 or "slot" not in ev.columns:
+        return ev
+    headers = set(inheritors.values())
+    kinds = ev["kind"].to_numpy()
+    slot = ev["slot"].to_numpy().astype(float) if ev["slot"].dtype != pl.Null else np.full(ev.height, np.nan)
+    task = ev["task"].to_numpy().astype(float) if "task" in ev.columns else np.full(ev.height, np.nan)
+    slot = np.where(pd_isnull(ev["slot"]), np.nan, slot)
+    task = np.where(pd_isnull(ev["task"]), np.nan, task) if "task" in ev.columns else task
+    keys = ev["ikey"].to_numpy()
+    needs = np.isin(kinds, list(inheritors)) & np.isnan(slot)
+    is_hdr = np.isin(kinds, list(headers))
+    for key in np.unique(keys):
+        st = state.keys.setdefault(int(key), KeyState())
+        idx = np.flatnonzero(keys == key)
+        hs = np.where(is_hdr[idx], slot[idx], np.nan)
+        ht = np.where(is_hdr[idx], task[idx], np.nan)
+        hs = np.concatenate([[st.hdr_slot if st.hdr_slot is not None else np.nan], hs])
+        ht = np.concatenate([[st.hdr_task if st.hdr_task is not None else np.nan], ht])
+        hs, ht = pd_ffill(hs)[1:], pd_ffill(ht)[1:]
+        n = needs[idx]
+        slot[idx[n]] = hs[n]
+        task[idx[n]] = ht[n]
+        if len(hs) and not np.isnan(hs[-1]):
+            st.hdr_slot, st.hdr_task = int(hs[-1]), int(ht[-1])
+    return ev.with_columns(
+        pl.Series("slot", slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+        pl.Series("task", task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+    )
+
+
+def pd_isnull(s: pl.Series) -> np.ndarray:
+    return s.is_null().to_numpy()
+
+
+def _col(ev: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
+    return pl.col(name) if name in ev.columns else pl.lit(None, dtype=dtype).alias(name)
+
+
+def _first(kind: str | tuple[str, ...], col: str) -> pl.Expr:
+    kinds = (kind,) if isinstance(kind, str) else kind
+    return pl.col(col).filter(pl.col("kind").is_in(kinds)).drop_nulls().first()
+
+
+def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Aggregate one chunk's events into partial request rows, and pick out its HTTP lines."""
+    if ev.height == 0:
+        return pl.DataFrame(), pl.DataFrame()
+    need = {"slot": pl.Int64, "task": pl.Int64, "elapsed_s": pl.Float64, "abs_time": pl.Datetime("us", "UTC"),
+            "prompt_tokens": pl.Int64, "p0": pl.Int64, "n_ctx_slot": pl.Int64, "ms": pl.Float64,
+            "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
+            "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
+            "method": pl.String, "path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
+            "n_ctx_train": pl.Int64}
+    ev = ev.with_columns([_col(ev, k, t).cast(t) for k, t in need.items()])
+    http = ev.filter(pl.col("kind").is_in(HTTP_KINDS)).select(
+        "ikey", "instance_no", "line_no", "method", "path", "status", "elapsed_s", "abs_time")
+    req = ev.filter(pl.col("task").is_not_null() & (pl.col("task") >= 0) & ~pl.col("kind").is_in(HTTP_KINDS))
+    if req.height == 0:
+        return pl.DataFrame(), http
+    # Task-only lines (errors, cancels) have no slot yet: key them by task, slot filled at the end.
+    part = req.group_by(["ikey", "instance_no", "slot", "task"]).agg(
+        pl.col("line_no").min().alias("line_first"),
+        pl.col("line_no").max().alias("line_last"),
+        pl.col("line_no").filter(pl.col("kind").is_in(START_KINDS)).min().alias("start_line"),
+        pl.col("line_no").filter(pl.col("kind").is_in(RELEASE_KINDS + ("timing_total", "rec_timing_total"))).max()
+        .alias("close_line"),
+        pl.col("elapsed_s").sort_by("line_no").drop_nulls().first().alias("elapsed_start_s"),
+        pl.col("elapsed_s").sort_by("line_no").drop_nulls().last().alias("elapsed_end_s"),
+        pl.col("abs_time").sort_by("line_no").drop_nulls().first().alias("t_start"),
+        pl.col("abs_time").sort_by("line_no").drop_nulls().last().alias("t_end"),
+        _first(("new_prompt", "prompt_tokenized", "rec_new_prompt"), "prompt_tokens").alias("prompt_tokens"),
+        _first(("init_sampler",), "prompt_tokens").alias("prompt_tokens_alt"),
+        _first(("kv_trim", "rec_kv_trim"), "p0").alias("p0"),
+        _first(("new_prompt", "prompt_tokenized", "input_truncated", "rec_new_prompt"), "n_ctx_slot").alias("n_ctx_slot"),
+        _first(("input_truncated",), "truncated_prompt_tokens").alias("truncated_prompt_tokens"),
+        _first(("era2_cache",), "cached_tokens").alias("cached_explicit"),
+        _first(("timing_prompt", "rec_timing_prompt"), "ms").alias("prompt_ms"),
+        _first(("timing_prompt", "rec_timing_prompt"), "tokens").alias("prompt_eval_tokens"),
+        _first(("timing_eval", "rec_timing_eval"), "ms").alias("gen_ms"),
+        _first(("timing_eval", "rec_timing_eval"), "tokens").alias("gen_tokens"),
+        _first(("timing_total", "rec_timing_total"), "ms").alias("total_ms"),
+        _first(RELEASE_KINDS, "n_past").alias("n_past_end"),
+        _first(RELEASE_KINDS, "truncated").alias("truncated"),
+        (pl.col("kind").is_in(("context_shift", "rec_context_shift", "era2_context_shift"))).any().alias("context_shift"),
+        (pl.col("kind").is_in(("cancel",))).any().alias("cancelled"),
+        (pl.col("kind").is_in(("n_ctx_train_cap", "rec_n_ctx_train_cap"))).any().alias("ctx_train_cap"),
+        pl.col("n_predict").drop_nulls().last().alias("n_predict"),
+        pl.col("error").filter(pl.col("kind").is_in(("send_error", "slot_exception", "rec_task_error")))
+        .drop_nulls().first().alias("error"),
+        pl.col("stop_type").drop_nulls().last().alias("stop_type"),
+        pl.col("gen_tokens").filter(pl.col("kind").is_in(("tg_progress", "stopped_limit"))).max().alias("gen_progress"),
+        pl.col("kind").is_in(RELEASE_KINDS).any().alias("has_release"),
+        pl.col("kind").is_in(("timing_total", "rec_timing_total", "timing_eval")).any().alias("has_timings"),
+    )
+    return part, http
+
+
+def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    parts = [p for p in parts if p.height]
+    if not parts:
+        return pl.DataFrame()
+    df = pl.concat(parts, how="diagonal_relaxed").sort("line_first")
+    keys = ["ikey", "instance_no", "slot", "task"]
+    if df.select(pl.struct(keys).n_unique()).item() == df.height:
+        return df
+    aggs = []
+    for c in df.columns:
+        if c in keys:
+            continue
+        if c in {"line_first", "start_line"}:
+            aggs.append(pl.col(c).min())
+        elif c in {"line_last", "close_line"}:
+            aggs.append(pl.col(c).max())
+        elif c in {"elapsed_end_s", "t_end", "gen_progress"}:
+            aggs.append(pl.col(c).drop_nulls().last() if c != "gen_progress" else pl.col(c).max())
+        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings"}:
+            aggs.append(pl.col(c).any())
+        else:
+            aggs.append(pl.col(c).drop_nulls().first())
+    return df.group_by(keys, maintain_order=True).agg(aggs)
+
+
+def attach_task_only(df: pl.DataFrame) -> pl.DataFrame:
+    """Give error/cancel rows (no slot) the slot of the same task in the same instance, and merge them."""
+    if df.height == 0:
+        return df
+    slotted = df.filter(pl.col("slot").is_not_null())
+    loose = df.filter(pl.col("slot").is_null())
+    if loose.height == 0:
+        return slotted
+    lookup = slotted.select("ikey", "instance_no", "task", pl.col("slot").alias("slot_found")).unique(
+        ["ikey", "instance_no", "task"], keep="first")
+    loose = loose.join(lookup, on=["ikey", "instance_no", "task"], how="left")
+    matched = loose.filter(pl.col("slot_found").is_not_null()).with_columns(pl.col("slot_found").alias("slot")).drop("slot_found")
+    return merge_partials([slotted, matched])
+
+
+def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
+    """Tie each HTTP request line to the request that closed just before it (FIFO, per instance)."""
+    req = req.with_columns(pl.lit(None, dtype=pl.Int64).alias("http_status"),
+                           pl.lit(None, dtype=pl.String).alias("http_path"))
+    if http.height == 0 or req.height == 0:
+        return req
+    http = http.filter(pl.col("method") != "GET")
+    http = http.filter(pl.col("path").map_elements(lambda p: any(h in p for h in GEN_PATH_HINTS) or p == "/",
+                                                   return_dtype=pl.Boolean) | (pl.col("method") == "POST"))
+    status = np.full(req.height, -1, dtype=np.int64)
+    paths: list[str | None] = [None] * req.height
+    close = req.select(pl.coalesce("close_line", "line_last")).to_series().to_numpy()
+    rkeys = req.select(pl.struct("ikey", "instance_no")).to_series().to_list()
+    hkeys = http.select(pl.struct("ikey", "instance_no")).to_series().to_list()
+    by_key: dict[tuple, list[int]] = {}
+    order = np.argsort(close, kind="stable")
+    for i in order:
+        k = (rkeys[i]["ikey"], rkeys[i]["instance_no"])
+        by_key.setdefault(k, []).append(int(i))
+    pos = {k: 0 for k in by_key}
+    hl = http["line_no"].to_numpy()
+    hs = http["status"].to_numpy()
+    hp = http["path"].to_list()
+    for j in np.argsort(hl, kind="stable"):
+        k = (hkeys[j]["ikey"], hkeys[j]["instance_no"])
+        q = by_key.get(k)
+        if not q:
+            continue
+        p = pos[k]
+        if p < len(q) and close[q[p]] <= hl[j]:
+            status[q[p]] = hs[j]
+            paths[q[p]] = hp[j]
+            pos[k] = p + 1
+    return req.with_columns(pl.Series("http_status", status, dtype=pl.Int64).set(pl.Series(status < 0), None),
+                            pl.Series("http_path", paths, dtype=pl.String))
+
+
+def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
+    """Derived columns: prompt tokens, cache, stop reason, seq."""
+    if df.height == 0:
+        return df
+    gen = pl.coalesce("gen_tokens", "gen_progress")
+    df = df.with_columns(
+        pl.coalesce(
+            "prompt_tokens",
+            "prompt_tokens_alt",
+            pl.when(pl.col("n_past_end").is_not_null() & pl.col("gen_tokens").is_not_null() & pl.col("has_timings")
+                    & ~pl.col("context_shift") & ~pl.col("truncated").fill_null(False))
+            .then(pl.col("n_past_end") - pl.col("gen_tokens") + 1),
+        ).alias("prompt_tokens"),
+        gen.alias("gen_tokens"),
+    )
+    df = df.with_columns(
+        pl.coalesce(
+            "cached_explicit",
+            pl.when(pl.col("prompt_tokens").is_not_null() & pl.col("prompt_eval_tokens").is_not_null())
+            .then(pl.max_horizontal(pl.col("prompt_tokens") - pl.col("prompt_eval_tokens"), pl.lit(0))),
+            "p0",
+        ).alias("cached_tokens"),
+        pl.when(pl.col("gen_ms") > 0).then(pl.col("gen_tokens") / pl.col("gen_ms") * 1000.0).alias("gen_tok_per_s"),
+        (pl.col("has_release") | pl.col("has_timings") | pl.col("error").is_not_null()).alias("complete"),
+    )
+    at_ctx = (pl.col("n_ctx_slot").is_not_null() & pl.col("n_past_end").is_not_null()
+              & (pl.col("n_past_end") >= pl.col("n_ctx_slot") - 1))
+    stop = (
+        pl.when(pl.col("error").is_not_null()).then(pl.lit("error"))
+        .when(pl.col("cancelled")).then(pl.lit("cancelled"))
+        .when(pl.col("stop_type").str.to_lowercase() == "eos").then(pl.lit("eos"))
+        .when(pl.col("stop_type").str.to_lowercase().is_in(["limit", "time limit", "indentation limit"])).then(pl.lit("limit"))
+        .when(pl.col("stop_type").str.to_lowercase() == "word").then(pl.lit("word"))
+        .when(pl.col("ctx_train_cap")).then(pl.lit("limit"))
+        .when(pl.col("truncated").fill_null(False) | at_ctx | (pl.col("stop_type") == "context")).then(pl.lit("context"))
+        .when(pl.col("n_predict").is_not_null() & (pl.col("n_predict") > 0) & (pl.col("gen_tokens") >= pl.col("n_predict")))
+        .then(pl.lit("limit"))
+        .when(pl.col("http_status").fill_null(200) >= 400).then(pl.lit("error"))
+        .when(pl.col("has_timings") | pl.col("has_release")).then(pl.lit("eos"))
+        .otherwise(pl.lit("unknown"))
+    )
+    df = df.with_columns(stop.alias("stop_reason"), pl.col("truncated").fill_null(False))
+    df = df.sort("line_first").with_columns(
+        pl.col("line_first").rank("ordinal").over(["ikey", "instance_no", "slot"]).cast(pl.Int64).alias("seq"))
+    return df
+
+
+def epoch_to_dt(values: pl.Series) -> pl.Series:
+    secs = values.cast(pl.Float64, strict=False)
+    return (secs * 1_000_000).cast(pl.Int64, strict=False).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+
+
+def parse_abs_time(ev: pl.DataFrame, *, year_hint: int) -> pl.DataFrame:
+    """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch)."""
+    out = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
+    if "abs_raw" in ev.columns:
+        raw = ev["abs_raw"]
+        kind = raw.str.split_exact("|", 1).struct.field("field_0")
+        val = raw.str.split_exact("|", 1).struct.field("field_1")
+        iso = val.str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
+            r"([+-]\d\d)(\d\d)$", "$1:$2")
+        iso = pl.select(pl.when(iso.str.contains(r"[+-]\d\d:\d\d$")).then(iso).otherwise(iso + "+00:00")).to_series()
+        iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
+        iso_dt = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
+        sys_dt = (pl.lit(str(year_hint)) + " " + val.str.replace(r"  ", " 0")).alias("x")
+        sys_dt = pl.select(sys_dt).to_series().str.to_datetime("%Y %b %d %H:%M:%S%.f", strict=False, time_unit="us") \
+            .dt.replace_time_zone("UTC")
+        ep_dt = epoch_to_dt(val)
+        out = pl.select(
+            pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_dt).when(kind == "epoch").then(ep_dt)
+        ).to_series().alias("abs_time")
+    for col in ("epoch", "json_time"):
+        if col in ev.columns:
+            v = ev[col]
+            num = v.cast(pl.Float64, strict=False)
+            as_epoch = pl.select(pl.when(num > 1e14).then(num / 1e6).when(num > 1e11).then(num / 1e3)
+                                 .when(num > 1e8).then(num)).to_series()
+            iso_dt = v.str.replace(r"Z$", "+00:00").str.replace(r"(\.\d{6})\d+", "$1").str.to_datetime(
+                "%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
+            out = out.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
+            if col == "json_time" and "elapsed_s" not in ev.columns:
+                el = v.str.extract(r"^(\d+\.\d{2}\.\d{3}\.\d{3})$")
+                if el.is_not_null().any():
+                    from parsers.engine import elapsed_seconds
+                    ev = ev.with_columns(elapsed_seconds(el))
+    return ev.with_columns(out.alias("abs_time"))
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)

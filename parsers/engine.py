@@ -1,0 +1,312 @@
+"""The vectorised line engine: strip wrappers and prefixes, classify lines by kind, type the fields.
+
+Everything here works on whole chunks (polars string columns): a literal prefilter per kind narrows the
+rows, then the kind's regex extracts its named groups on that subset only.  No Python loop runs per line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+import polars as pl
+
+from parsers.spec import FORMATS_DIR, Format, _read_toml, load_fields
+
+DTYPES = {"int": pl.Int64, "float": pl.Float64, "str": pl.String, "bool": pl.Boolean}
+BLANK = "blank"
+CONTINUATION = "continuation"
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    name: str
+    regex: str
+    time: str | None
+    samples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JsonWrapper:
+    name: str
+    detect: str
+    exclude: str
+    text: tuple[str, ...]
+    time: tuple[str, ...]
+    level: tuple[str, ...]
+    samples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Wrappers:
+    strip: dict[str, str]
+    prefixes: tuple[Wrapper, ...]
+    json: tuple[JsonWrapper, ...]
+
+
+@cache
+def load_wrappers() -> Wrappers:
+    data = _read_toml(FORMATS_DIR / "wrappers.toml")
+    prefixes = tuple(
+        Wrapper(w["name"], w["regex"], w.get("time"), tuple(w.get("samples", ()))) for w in data.get("wrapper", [])
+    )
+    for w in prefixes:
+        re.compile(w.regex)
+    jw = tuple(
+        JsonWrapper(j["name"], j["detect"], j.get("exclude", "$^"), tuple(j["text"]), tuple(j.get("time", ())),
+                    tuple(j.get("level", ())), tuple(j.get("samples", ())))
+        for j in data.get("json_wrapper", [])
+    )
+    return Wrappers(dict(data.get("strip", {})), prefixes, jw)
+
+
+@dataclass
+class Carry:
+    """State carried from one chunk to the next within a file."""
+
+    last_kind: str | None = None  # last recognised kind (for continuation lines)
+
+
+@dataclass
+class ChunkResult:
+    events: pl.DataFrame  # one row per recognised, non-skipped record
+    unparsed: pl.DataFrame  # line_no, text
+    skipped: Counter = field(default_factory=Counter)
+    parsed: int = 0
+    total: int = 0
+    wrappers_seen: set[str] = field(default_factory=set)
+
+
+def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Series]:
+    """Match ``regex`` (anchored at ^) at the start of each value; return its groups and the remainder."""
+    body = regex[1:] if regex.startswith("^") else regex
+    ext = text.str.extract_groups(f"^(?P<__all>{body})")
+    df = ext.struct.unnest()
+    length = df["__all"].str.len_chars().fill_null(0)
+    rest = text.str.slice(length)
+    return df.drop("__all"), rest
+
+
+def elapsed_seconds(s: pl.Series) -> pl.Series:
+    """`M.SS.mmm.uuu` (minutes not capped) to seconds."""
+    parts = s.str.split_exact(".", 3).struct.unnest()
+    cols = parts.columns
+    m = parts[cols[0]].cast(pl.Float64, strict=False)
+    sec = parts[cols[1]].cast(pl.Float64, strict=False)
+    ms = parts[cols[2]].cast(pl.Float64, strict=False)
+    us = parts[cols[3]].cast(pl.Float64, strict=False)
+    return (m * 60 + sec + ms / 1e3 + us / 1e6).alias("elapsed_s")
+
+
+class Engine:
+    """Classifies the lines of one format."""
+
+    def __init__(self, fmt: Format, wrappers: Wrappers | None = None) -> None:
+        self.fmt = fmt
+        self.wrappers = wrappers or load_wrappers()
+        self.fields = load_fields()
+        self.kinds = fmt.kinds
+        self.kind_index = {k.name: i for i, k in enumerate(self.kinds)}
+        self.multiline = {k.name for k in self.kinds if k.multiline}
+        self.skip = {k.name for k in self.kinds if k.skip}
+        self._record_re = fmt.record
+
+    # ------------------------------------------------------------------ wrappers
+    def unwrap(self, raw: pl.Series) -> tuple[pl.Series, pl.DataFrame, set[str]]:
+        """Remove ANSI codes and wrappers; return the remaining text and the wrapper fields."""
+        text = raw
+        seen: set[str] = set()
+        n = len(text)
+        cols: dict[str, pl.Series] = {}
+        if text.str.contains("\x1b", literal=True).any():
+            for name, pattern in self.wrappers.strip.items():
+                text = text.str.replace_all(pattern, "")
+                seen.add(name)
+        for jw in self.wrappers.json:
+            cand = text.str.contains(jw.detect) & ~text.str.contains(jw.exclude)
+            if not cand.any():
+                continue
+            seen.add(jw.name)
+            inner = pl.Series([None] * n, dtype=pl.String)
+            for key in jw.text:
+                inner = inner.fill_null(text.str.json_path_match(f"$.{key}"))
+            tval = pl.Series([None] * n, dtype=pl.String)
+            for key in jw.time:
+                tval = tval.fill_null(text.str.json_path_match(f"$.{key}"))
+            lval = pl.Series([None] * n, dtype=pl.String)
+            for key in jw.level:
+                lval = lval.fill_null(text.str.json_path_match(f"$.{key}"))
+            ok = cand & inner.is_not_null()
+            text = pl.select(pl.when(ok).then(inner.str.strip_suffix("\n").str.strip_suffix("\r"))
+                             .otherwise(text)).to_series()
+            cols["json_time"] = pl.select(pl.when(ok).then(tval)).to_series()
+            cols["json_level"] = pl.select(pl.when(ok).then(lval)).to_series()
+        for w in self.wrappers.prefixes:
+            if not text.str.contains(w.regex).any():
+                continue
+            seen.add(w.name)
+            groups, rest = _prefix_extract(text, w.regex)
+            text = rest
+            for g in groups.columns:
+                col = groups[g]
+                if g == "abs_ts":
+                    col = pl.select(pl.when(col.is_not_null()).then(pl.lit(w.time) + pl.lit("|") + col)).to_series()
+                    g = "abs_raw"
+                if g in cols:
+                    cols[g] = cols[g].fill_null(col)
+                else:
+                    cols[g] = col
+        return text, pl.DataFrame({k: v.rename(k) for k, v in cols.items()}) if cols else pl.DataFrame(), seen
+
+    # ------------------------------------------------------------------ classification
+    def classify(self, raw: pl.Series, first_line_no: int, carry: Carry) -> ChunkResult:
+        n = len(raw)
+        line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
+        text, wcols, seen = self.unwrap(raw)
+        text = text.str.strip_prefix("\r")
+        blank = text.str.strip_chars().str.len_bytes() == 0
+        fmt = self.fmt
+
+        # Per-format record framing: elapsed/level prefix (text), JSON records, or key=value records.
+        frame: dict[str, pl.Series] = {}
+        is_record = pl.Series([False] * n)
+        if fmt.family == "text":
+            groups, body = _prefix_extract(text, fmt.prefix) if fmt.prefix else (pl.DataFrame(), text)
+            for g in groups.columns:
+                frame[g] = groups[g]
+        elif fmt.family == "json":
+            body = text
+            is_record = text.str.starts_with("{") & text.str.contains(r'"(?:msg|message)"\s*:')
+            msg = text.str.json_path_match(f"$.{fmt.message or 'msg'}")
+            body = pl.select(pl.when(is_record).then(msg).otherwise(text)).to_series()
+            if fmt.level_field:
+                frame["level"] = pl.select(pl.when(is_record).then(text.str.json_path_match(f"$.{fmt.level_field}"))).to_series()
+            if fmt.time_field:
+                frame["epoch"] = pl.select(pl.when(is_record).then(text.str.json_path_match(f"$.{fmt.time_field}"))).to_series()
+        else:  # kv
+            rec = text.str.extract_groups(fmt.record or "").struct.unnest()
+            is_record = rec["msg"].is_not_null()
+            body = pl.select(pl.when(is_record).then(rec["msg"]).otherwise(text)).to_series()
+            for g in rec.columns:
+                if g not in {"msg", "tail"}:
+                    frame[g] = rec[g]
+            frame["__tail"] = rec["tail"] if "tail" in rec.columns else pl.Series([None] * n, dtype=pl.String)
+
+        claimed = blank.to_numpy().copy()
+        kind_of = np.full(n, -1, dtype=np.int32)
+        pieces: list[pl.DataFrame] = []
+        rec_np = is_record.to_numpy()
+        for ki, kind in enumerate(self.kinds):
+            on_record = kind.json_fields or kind.kv_fields or getattr(kind, "on_record", False)
+            mask = ~claimed
+            if fmt.family != "text":
+                mask &= rec_np if on_record or kind.name.startswith("rec_") else ~rec_np
+            if not mask.any():
+                continue
+            if kind.prefilter:
+                mask &= body.str.contains(kind.prefilter, literal=True).to_numpy()
+                if not mask.any():
+                    continue
+            idx = np.flatnonzero(mask)
+            sub = body.gather(idx)
+            ext = sub.str.extract_groups("(?P<__k>)" + kind.regex if kind.regex.startswith("^")
+                                         else "(?P<__k>)" + kind.regex).struct.unnest()
+            hit = ext["__k"].is_not_null().to_numpy()
+            if not hit.any():
+                continue
+            hit_idx = idx[hit]
+            claimed[hit_idx] = True
+            kind_of[hit_idx] = ki
+            if kind.skip:
+                continue
+            part = ext.filter(pl.Series(hit)).drop("__k")
+            part = part.with_columns(pl.Series("__row", hit_idx))
+            if kind.json_fields:
+                raw_sub = text.gather(hit_idx)
+                part = part.with_columns(
+                    [raw_sub.str.json_path_match(path).alias(f) for f, path in kind.json_fields if f not in part.columns]
+                )
+            if kind.kv_fields:
+                tail = frame["__tail"].gather(hit_idx)
+                part = part.with_columns(
+                    [tail.str.extract(rf"(?:^| ){re.escape(key)}=(\"(?:[^\"\\]|\\.)*\"|\S+)", 1)
+                     .str.strip_prefix('"').str.strip_suffix('"').alias(f)
+                     for f, key in kind.kv_fields if f not in part.columns]
+                )
+            part = part.with_columns(pl.lit(kind.name).alias("kind"))
+            pieces.append(self._type(part))
+
+        # Continuations: unrecognised lines after a multiline record belong to it.
+        unclaimed = ~claimed
+        skipped: Counter = Counter()
+        skipped[BLANK] = int(blank.sum())
+        kinds_arr = np.array([k.name for k in self.kinds] + [None], dtype=object)
+        prev_kind = pl.Series(np.where(kind_of >= 0, kinds_arr[kind_of], None), dtype=pl.String)
+        prev_kind = prev_kind.shift(1)
+        if carry.last_kind is not None and n:
+            prev_kind[0] = carry.last_kind if prev_kind[0] is None else prev_kind[0]
+        ffilled = prev_kind.fill_null(strategy="forward")
+        if carry.last_kind is not None:
+            ffilled = ffilled.fill_null(carry.last_kind)
+        ff_np = ffilled.to_numpy()
+        cont = unclaimed & np.isin(ff_np, list(self.multiline)) if self.multiline else np.zeros(n, bool)
+        # A blank line also ends nothing: keep it skipped.
+        for name, count in Counter(ff_np[cont]).items():
+            if name in self.skip:
+                skipped[name] += count
+        cont_parsed = int((cont & ~np.isin(ff_np, list(self.skip))).sum()) if self.skip else int(cont.sum())
+        unparsed_mask = unclaimed & ~cont
+        for ki, kind in enumerate(self.kinds):
+            if kind.skip:
+                cnt = int((kind_of == ki).sum())
+                if cnt:
+                    skipped[kind.name] += cnt
+        last_rec = np.flatnonzero(kind_of >= 0)
+        if len(last_rec):
+            carry.last_kind = self.kinds[kind_of[last_rec[-1]]].name
+        events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame({"__row": pl.Series([], dtype=pl.Int64)})
+        if events.height:
+            events = events.sort("__row")
+        rows = events["__row"].to_numpy() if events.height else np.array([], dtype=np.int64)
+        base = {"line_no": line_no.gather(rows)}
+        for name, series in frame.items():
+            if name.startswith("__"):
+                continue
+            base[name] = series.gather(rows)
+        for name in wcols.columns:
+            base[name] = wcols[name].gather(rows)
+        base_df = pl.DataFrame(base)
+        events = pl.concat([base_df, events.drop("__row")], how="horizontal") if events.height else base_df.with_columns(
+            pl.lit(None, dtype=pl.String).alias("kind"))
+        if "elapsed" in events.columns:
+            events = events.with_columns(elapsed_seconds(events["elapsed"])).drop("elapsed")
+        unp_idx = np.flatnonzero(unparsed_mask)
+        unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
+        parsed = int((kind_of >= 0).sum()) - sum(v for k, v in skipped.items() if k not in (BLANK,) and k in self.skip and k in {
+            self.kinds[i].name for i in range(len(self.kinds))}) + 0
+        # parsed = recognised non-skip records + continuation lines of non-skip records
+        recognised_nonskip = int(sum((kind_of == ki).sum() for ki, k in enumerate(self.kinds) if not k.skip))
+        parsed = recognised_nonskip + cont_parsed
+        total_skipped = sum(skipped.values())
+        assert parsed + total_skipped + len(unp_idx) == n, (parsed, total_skipped, len(unp_idx), n)
+        return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
+                           wrappers_seen=seen)
+
+    def _type(self, part: pl.DataFrame) -> pl.DataFrame:
+        exprs = []
+        for col in part.columns:
+            if col in {"__row", "kind"}:
+                continue
+            spec = self.fields.get(col)
+            if spec is None:
+                continue
+            if spec.type == "bool":
+                exprs.append(pl.col(col).str.to_lowercase().is_in(["1", "true"]).alias(col))
+            elif spec.type == "str":
+                exprs.append(pl.col(col).cast(pl.String))
+            else:
+                exprs.append(pl.col(col).str.strip_chars().cast(DTYPES[spec.type], strict=False))
+        return part.with_columns(exprs) if exprs else part
