@@ -180,8 +180,11 @@ class Ingestor:
             if records_kind is not None:
                 self._ingest_records(path, records_kind, run)
                 return
-            if stat.st_size == 0:
-                self.result.files.append(FileReport(str(path), "empty", "ingested", message="empty file"))
+            if stat.st_size == 0 or (compression and not read_head(path, 1)):
+                msg = "empty file" if stat.st_size == 0 else "compressed stream yields no data (truncated or damaged)"
+                if stat.st_size:
+                    self.result.warnings.append(f"{path}: {msg}")
+                self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(fid, path, run, "empty", compression, stat, head_sha, 0, 0, Counter(), 0, 0, 0, 0,
                                   state=None)
                 return

@@ -9,7 +9,6 @@ end, and a truncated compressed file yields what could be decoded plus a warning
 
 from __future__ import annotations
 
-import gzip
 import io
 import zlib
 from collections.abc import Iterator
@@ -37,38 +36,82 @@ def compression_of(path: Path) -> str | None:
     return None
 
 
-def open_binary(path: Path) -> io.BufferedIOBase:
+class Decompressing(io.RawIOBase):
+    """Streaming decompression that keeps whatever a truncated or damaged stream still yields.
+
+    ``truncated`` is set (with ``problem``) when the stream ends early or is damaged; reads then return the
+    data decoded so far and, after it, end of file.
+    """
+
+    def __init__(self, raw: io.BufferedReader, kind: str) -> None:
+        self.raw = raw
+        self.kind = kind
+        self.buf = bytearray()
+        self.truncated = False
+        self.problem = ""
+        self._eof = False
+        self._new()
+
+    def _new(self) -> None:
+        if self.kind == "gzip":
+            self.dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        else:
+            import zstandard
+
+            self.dec = zstandard.ZstdDecompressor().decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self, want: int) -> None:
+        while len(self.buf) < want and not self._eof:
+            block = self.raw.read(1024 * 1024)
+            if not block:
+                self._eof = True
+                if self.kind == "gzip" and not self.dec.eof and (self.dec.unconsumed_tail or True):
+                    if not self.dec.eof:
+                        self.truncated, self.problem = True, "compressed stream ends early"
+                elif self.kind == "zstd" and not getattr(self.dec, "eof", True):
+                    self.truncated, self.problem = True, "compressed stream ends early"
+                break
+            try:
+                while block:
+                    out = self.dec.decompress(block)
+                    self.buf += out
+                    rest = self.dec.unused_data if getattr(self.dec, "eof", False) else b""
+                    if rest:  # concatenated members / frames
+                        self._new()
+                    block = rest
+            except Exception as exc:  # zlib.error, zstandard.ZstdError
+                self.truncated, self.problem = True, f"compressed stream is damaged ({exc})"
+                self._eof = True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            self._fill(1 << 62)
+            out, self.buf = bytes(self.buf), bytearray()
+            return out
+        self._fill(size)
+        out = bytes(self.buf[:size])
+        del self.buf[:size]
+        return out
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def open_binary(path: Path) -> io.RawIOBase:
     """Open a file for reading bytes, decompressing gzip and zstd by content."""
     kind = compression_of(path)
-    if kind == "gzip":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if kind == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(path.open("rb"), read_across_frames=True)  # type: ignore[return-value]
-    return path.open("rb")
+    if kind is not None:
+        return Decompressing(path.open("rb"), kind)
+    return path.open("rb")  # type: ignore[return-value]
 
 
 def read_head(path: Path, n_bytes: int = 256 * 1024) -> bytes:
-    try:
-        with open_binary(path) as fh:
-            return fh.read(n_bytes)
-    except (OSError, EOFError, zlib.error) as exc:
-        return b"" if not str(exc) else _partial_head(path, n_bytes)
-
-
-def _partial_head(path: Path, n_bytes: int) -> bytes:
-    out = bytearray()
-    try:
-        with open_binary(path) as fh:
-            while len(out) < n_bytes:
-                block = fh.read(4096)
-                if not block:
-                    break
-                out += block
-    except Exception:
-        pass
-    return bytes(out)
+    with open_binary(path) as fh:
+        return fh.read(n_bytes)
 
 
 @dataclass
@@ -143,16 +186,9 @@ def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
                 fh.seek(start_offset)
         eof = False
         while not eof:
-            try:
-                data = fh.read(chunk_bytes)
-            except (EOFError, OSError, zlib.error) as exc:
-                state.warnings.append(f"{path}: compressed stream ends early ({exc}); kept the lines before it")
-                data = b""
-                final = True
-            except Exception as exc:  # zstandard raises its own error type
-                state.warnings.append(f"{path}: compressed stream is damaged ({exc}); kept the lines before it")
-                data = b""
-                final = True
+            data = fh.read(chunk_bytes)
+            if not data and getattr(fh, "truncated", False):
+                state.warnings.append(f"{path}: {fh.problem}; kept the lines before it")  # type: ignore[attr-defined]
             if not data:
                 eof = True
                 block = carry

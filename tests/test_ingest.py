@@ -1,0 +1,237 @@
+"""Ingest: real logs, line accounting on hostile input, incremental behaviour, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import zstandard
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import UnknownFormatError
+from forensics.ingest import ingest
+from forensics.store import Store
+from tests.conftest import SHARED
+
+REAL = SHARED / "real-server-sample" / "server.log"
+REAL_B4747 = SHARED / "real-server-sample-b4747" / "server.log"
+
+ERA5 = """\
+0.00.000.093 I cmn  common_param: common_params_print_info: verbosity = 3 (adjust with the `-lv N` CLI arg)
+0.00.011.820 I srv    load_model: loading model '/models/m.gguf'
+0.02.871.455 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
+0.02.955.118 I srv  llama_server: model loaded
+0.02.955.301 I srv  llama_server: listening on http://127.0.0.1:8080
+0.15.002.210 I slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1
+0.15.002.384 I slot launch_slot_: id  0 | task 0 | processing task, is_child = 0
+0.23.041.984 I slot print_timing: id  0 | task 0 | prompt eval time =     228.40 ms /   812 tokens (    0.28 ms per token,  3555.17 tokens per second)
+0.23.041.987 I slot print_timing: id  0 | task 0 |        eval time =    7811.20 ms /   178 tokens (   44.13 ms per token,    22.66 tokens per second)
+0.23.041.990 I slot print_timing: id  0 | task 0 |       total time =    8039.60 ms /   990 tokens
+0.23.041.993 I slot print_timing: id  0 | task 0 |    graphs reused =        176
+0.23.042.015 I slot      release: id  0 | task 0 | stop processing: n_tokens = 989, truncated = 0
+"""
+
+
+def _requests(store_dir: Path):
+    return Store(store_dir).table("requests")
+
+
+def _files(store_dir: Path):
+    return Store(store_dir).table("files")
+
+
+def _accounting_holds(store_dir: Path) -> None:
+    for row in _files(store_dir).iter_rows(named=True):
+        assert row["lines_parsed"] + row["lines_skipped"] + row["lines_unparsed"] == row["lines_total"], row
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="shared reference logs not present")
+def test_real_2026_sample(store_dir: Path) -> None:
+    ingest(store_dir, [REAL])
+    files = _files(store_dir)
+    assert files["lines_unparsed"].to_list() == [0]
+    req = _requests(store_dir)
+    assert req.height == 48
+    assert sorted(req["slot"].unique().to_list()) == [0, 1]
+    assert req["gen_tokens"].sum() == 2584
+    inst = Store(store_dir).table("instances")
+    assert inst.select("n_slots", "n_ctx_slot", "host", "port", "time_basis").row(0) == (
+        2, 2048, "127.0.0.1", 18102, "elapsed")
+    _accounting_holds(store_dir)
+
+
+@pytest.mark.skipif(not REAL_B4747.exists(), reason="shared reference logs not present")
+def test_real_b4747_sample(store_dir: Path) -> None:
+    ingest(store_dir, [REAL_B4747])
+    req = _requests(store_dir)
+    assert req.height == 48
+    assert req["gen_tokens"].sum() == 2575
+    assert sorted(req["slot"].unique().to_list()) == [0, 1, 2, 3]
+    assert req["http_status"].to_list() == [200] * 48
+    inst = Store(store_dir).table("instances")
+    assert inst.select("build", "n_slots", "port", "time_basis").row(0) == (4747, 4, 18710, "order")
+    assert _files(store_dir)["lines_unparsed"].to_list() == [0]
+
+
+def test_era5_request_fields(tmp_path: Path, store_dir: Path) -> None:
+    log = tmp_path / "run-1" / "server.log"
+    log.parent.mkdir()
+    log.write_text(ERA5)
+    ingest(store_dir, [tmp_path])
+    row = _requests(store_dir).row(0, named=True)
+    assert row["run"] == "run-1"
+    assert (row["slot"], row["task"], row["seq"]) == (0, 0, 1)
+    # n_tokens at release (989) - generated (178) + 1 = 812 prompt tokens; all evaluated, none cached
+    assert (row["prompt_tokens"], row["prompt_eval_tokens"], row["cached_tokens"], row["gen_tokens"]) == (812, 812, 0, 178)
+    assert (row["prompt_ms"], row["gen_ms"], row["total_ms"]) == (228.40, 7811.20, 8039.60)
+    assert row["stop_reason"] == "eos" and row["truncated"] is False
+    assert row["elapsed_start_s"] == pytest.approx(15.002384)
+    assert row["elapsed_end_s"] == pytest.approx(23.042015)
+    assert (row["line_first"], row["line_last"]) == (7, 12)  # slot selection (line 6) has task -1
+    assert row["t_start"] is None
+
+
+def test_started_at_anchors_elapsed_times(tmp_path: Path, store_dir: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(ERA5)
+    from forensics.ingest import parse_time
+
+    ingest(store_dir, [log], started_at=parse_time("2026-11-29T15:26:07Z"))
+    row = _requests(store_dir).row(0, named=True)
+    assert row["t_start"].isoformat() == "2026-11-29T15:26:22.002384+00:00"
+
+
+@pytest.mark.parametrize("case", ["random", "nul", "invalid_utf8", "crlf", "empty", "long_line", "mixed"])
+def test_line_accounting_on_hostile_input(tmp_path: Path, store_dir: Path, case: str) -> None:
+    rng = random.Random(7)
+    if case == "random":
+        data = ERA5.encode() + bytes(rng.randrange(256) for _ in range(5000)) + b"\n"
+    elif case == "nul":
+        data = ERA5.encode().replace(b"slot", b"sl\x00ot", 2)
+    elif case == "invalid_utf8":
+        data = ERA5.encode() + b"\xff\xfe broken \xc3\x28 line\n"
+    elif case == "crlf":
+        data = ERA5.replace("\n", "\r\n").encode()
+    elif case == "empty":
+        data = ERA5.encode() + b"\n\n\n"
+    elif case == "long_line":
+        data = ERA5.encode() + b"x" * (3 * 1024 * 1024) + b"\n"
+    else:  # mixed: era-5 then era-4 bare lines after a restart with other flags
+        data = (ERA5 + "build: 4747 (c392e509) with cc (GCC) 12.2.0 for x86_64-linux-gnu\n"
+                "slot launch_slot_: id  0 | task 0 | processing task\n"
+                "slot      release: id  0 | task 0 | stop processing: n_past = 20, truncated = 0\n").encode()
+    path = tmp_path / "server.log"
+    path.write_bytes(data)
+    ingest(store_dir, [path])
+    _accounting_holds(store_dir)
+    files = _files(store_dir)
+    expected_lines = data.count(b"\n")
+    assert files["lines_total"].to_list() == [expected_lines]
+    req = _requests(store_dir)
+    assert req.filter(req["task"] == 0)["gen_tokens"].to_list()[:1] == [178]
+    if case == "crlf":
+        assert files["lines_unparsed"].to_list() == [0]
+    if case == "invalid_utf8":
+        text = Store(store_dir).table("unparsed")["text"].to_list()
+        assert any("\ufffd" in t for t in text)
+    if case == "mixed":
+        inst = Store(store_dir).table("instances").sort("line_first")
+        assert inst["instance"].to_list() == ["server", "server#2"]
+        assert inst["build"].to_list() == [None, 4747]
+
+
+def test_unterminated_last_line_is_read_once_complete(tmp_path: Path, store_dir: Path) -> None:
+    path = tmp_path / "server.log"
+    head, tail = ERA5.rsplit("\n", 2)[0], ERA5.rsplit("\n", 2)[1]
+    path.write_text(head + "\n" + tail)  # last line without newline
+    ingest(store_dir, [path])
+    files = _files(store_dir)
+    assert files["lines_total"].to_list() == [11]
+    assert files["held_back_bytes"].to_list() == [len(tail)]
+    with path.open("a") as fh:
+        fh.write("\n")
+    ingest(store_dir, [path])
+    assert _files(store_dir)["lines_total"].to_list() == [12]
+    assert _requests(store_dir)["stop_reason"].to_list() == ["eos"]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_compressed_and_truncated(tmp_path: Path, store_dir: Path, codec: str) -> None:
+    raw = ERA5.encode() * 3 if codec == "gzip" else ERA5.encode() * 3000  # zstd blocks are 128 KiB
+    blob = gzip.compress(raw) if codec == "gzip" else zstandard.ZstdCompressor().compress(raw)
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.log.x").write_bytes(blob)
+    ingest(store_dir, [tmp_path / "ok"], run="ok")
+    assert _files(store_dir)["lines_total"].to_list() == [raw.count(b"\n")]
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(blob[: len(blob) * 2 // 3])
+    result = ingest(store_dir, [cut], run="cut")
+    _accounting_holds(store_dir)
+    assert any("ends early" in w or "damaged" in w for w in result.warnings)
+
+
+
+def test_reingest_unchanged_adds_nothing_and_replaced_file_is_reread(tmp_path: Path, store_dir: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_text(ERA5)
+    ingest(store_dir, [path])
+    before = Store(store_dir).manifest["parts"]
+    result = ingest(store_dir, [path])
+    assert [f.status for f in result.files] == ["unchanged"]
+    assert Store(store_dir).manifest["parts"] == before
+    path.write_text(ERA5.replace("178 tokens", "179 tokens").replace("verbosity = 3", "verbosity = 4"))
+    os.utime(path, (1, 1))
+    result = ingest(store_dir, [path])
+    assert [f.status for f in result.files] == ["replaced"]
+    assert _requests(store_dir)["gen_tokens"].to_list() == [179]
+    assert Store(store_dir).table("events").height == 12
+
+
+def test_unknown_file_fails_clearly_unless_keep_going(tmp_path: Path, store_dir: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "server.log").write_text(ERA5)
+    (tmp_path / "logs" / "notes.txt").write_text("shopping list\nmilk\n")
+    with pytest.raises(UnknownFormatError):
+        ingest(store_dir, [tmp_path / "logs"])
+    runner = CliRunner()
+    res = runner.invoke(cli, ["ingest", "--store", str(store_dir), str(tmp_path / "logs")], catch_exceptions=False,
+                        standalone_mode=False) if False else None
+    from forensics.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["ingest", "--store", str(store_dir), str(tmp_path / "logs")])
+    assert exc.value.code == 2
+    del res
+    result = ingest(store_dir, [tmp_path / "logs"], keep_going=True)
+    assert [f.status for f in result.files] == ["error", "ingested"]
+    assert _requests(store_dir).height == 1
+
+
+def test_cli_sql_json_and_exit_codes(tmp_path: Path, store_dir: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_text(ERA5)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["ingest", "--store", str(store_dir), str(path)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["sql", "--store", str(store_dir), "--format", "json",
+                              "select slot, task, gen_tokens, stop_reason from requests"])
+    assert res.exit_code == 0
+    assert json.loads(res.stdout) == [{"slot": 0, "task": 0, "gen_tokens": 178, "stop_reason": "eos"}]
+    res = runner.invoke(cli, ["sql", "--store", str(store_dir), "--format", "csv", "select slot, task from requests"])
+    assert res.stdout == "slot,task\n0,0\n"
+
+
+def test_store_reads_with_pyarrow_hive_partitioning(tmp_path: Path, store_dir: Path) -> None:
+    log = tmp_path / "run-42" / "server.log"
+    log.parent.mkdir()
+    log.write_text(ERA5)
+    ingest(store_dir, [tmp_path])
+    table = ds.dataset(store_dir / "requests", format="parquet", partitioning="hive").to_table()
+    assert table.column("run").to_pylist() == ["run-42"]
+    assert table.column("gen_tokens").to_pylist() == [178]
