@@ -21,7 +21,7 @@ from forensics.errors import ExitCode, ForensicsError
 from forensics.store import default_store_path
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
-COMMAND_MODULES = ("core", "replay", "findings", "throughput", "generate", "check")
+COMMAND_MODULES = ("core", "replay", "findings", "throughput", "generate", "check", "demo")
 
 
 def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:

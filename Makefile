@@ -1,0 +1,22 @@
+# Two entry points, as in the README's quick start.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+$(BIN)/forensics: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/forensics
+
+.PHONY: setup demo test lint
+setup: $(BIN)/forensics
+
+demo: setup  ## set up, then run the main job on the bundled data
+	$(BIN)/forensics demo --out demo-out
+
+test: setup  ## set up, then run the tests
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check forensics parsers tests benchmarks
