@@ -22,6 +22,9 @@ START_KINDS = ("slot_start", "era2_start", "rec_start")
 RELEASE_KINDS = ("release", "era2_release", "rec_release")
 TASK_ONLY_KINDS = ("send_error", "cancel", "rec_task_error")
 HTTP_KINDS = ("http_request", "rec_http_request")
+# Lines that open a request of their own with no slot or task logged (era 1 `llama_print_timings` block:
+# one context, one request per block): slot 0, task = the line number (a join key only).
+SYNTH_TASK_KINDS = ("era1_timing_load",)
 GEN_PATH_HINTS = ("/completion", "/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
                   "/infill", "/embedding", "/rerank", "/v1/embeddings")
 
@@ -33,6 +36,8 @@ class KeyState:
     prev_elapsed: float | None = None
     hdr_slot: int | None = None
     hdr_task: int | None = None
+    slot_task: dict[str, int] = field(default_factory=dict)  # latest started task per slot (era 2 lines)
+    hdr: dict[str, list[int]] = field(default_factory=dict)  # latest [slot, task] per inherit header kind
 
 
 @dataclass
@@ -98,32 +103,74 @@ def pd_ffill(a: np.ndarray) -> np.ndarray:
 
 
 def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
-    """Lines without slot/task (era-4 timing block bodies) take them from their header line."""
+    """Fill slot/task on lines that do not carry them.
+
+    * ``inherit = X``: a line without a slot takes slot and task from the latest line of kind X (era-4
+      timing block bodies); a line with a slot but no task takes the task of the latest X line of the
+      same slot (era-2 ``slot N released``, ``slot N : kv cache rm``).
+    * ``inherit_next = X``: a line without a slot takes slot and task from the next line of kind X
+      (era-2 ``print_timings``, which precede their ``slot N released``).  Only within one chunk: a
+      timing block whose release line falls in the next chunk keeps no slot (chunks are 32 MiB).
+    * ``SYNTH_TASK_KINDS`` lines get slot 0 and their line number as task (era 1).
+    """
     inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
-    if not inheritors or ev.height == 0 or "slot" not in ev.columns:
+    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
+    if (not inheritors and not next_inh) or ev.height == 0:
         return ev
-    headers = set(inheritors.values())
+    if "slot" not in ev.columns:
+        ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("slot"))
+    if "task" not in ev.columns:
+        ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
     kinds = ev["kind"].to_numpy()
-    slot = ev["slot"].to_numpy().astype(float) if ev["slot"].dtype != pl.Null else np.full(ev.height, np.nan)
-    task = ev["task"].to_numpy().astype(float) if "task" in ev.columns else np.full(ev.height, np.nan)
-    slot = np.where(pd_isnull(ev["slot"]), np.nan, slot)
-    task = np.where(pd_isnull(ev["task"]), np.nan, task) if "task" in ev.columns else task
+    slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
+    task = ev["task"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
+    line = ev["line_no"].to_numpy()
+    synth = np.isin(kinds, list(SYNTH_TASK_KINDS)) & np.isnan(slot)
+    slot[synth] = 0
+    task[synth] = line[synth]
     keys = ev["ikey"].to_numpy()
-    needs = np.isin(kinds, list(inheritors)) & np.isnan(slot)
-    is_hdr = np.isin(kinds, list(headers))
+    inst = ev["instance_no"].to_numpy() if "instance_no" in ev.columns else np.zeros(ev.height, dtype=np.int64)
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        hs = np.where(is_hdr[idx], slot[idx], np.nan)
-        ht = np.where(is_hdr[idx], task[idx], np.nan)
-        hs = np.concatenate([[st.hdr_slot if st.hdr_slot is not None else np.nan], hs])
-        ht = np.concatenate([[st.hdr_task if st.hdr_task is not None else np.nan], ht])
-        hs, ht = pd_ffill(hs)[1:], pd_ffill(ht)[1:]
-        n = needs[idx]
-        slot[idx[n]] = hs[n]
-        task[idx[n]] = ht[n]
-        if len(hs) and not np.isnan(hs[-1]):
-            st.hdr_slot, st.hdr_task = int(hs[-1]), int(ht[-1])
+        for header in set(inheritors.values()):
+            takers = [k for k, h in inheritors.items() if h == header]
+            is_hdr = kinds[idx] == header
+            # same slot, no task: the task of the latest header on that slot (loop over those rows only)
+            k_idx = kinds[idx]
+            wants = np.isin(k_idx, takers) & ~np.isnan(slot[idx]) & np.isnan(task[idx])
+            rows = idx[wants | (is_hdr & ~np.isnan(slot[idx]) & ~np.isnan(task[idx]))] if wants.any() else idx[:0]
+            for j in rows:
+                if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
+                    st.slot_task[str(int(slot[j]))] = int(task[j])
+                elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
+                    t = st.slot_task.get(str(int(slot[j])))
+                    if t is not None:
+                        task[j] = t
+            # no slot: slot and task of the latest header
+            hs = np.where(is_hdr, slot[idx], np.nan)
+            ht = np.where(is_hdr, task[idx], np.nan)
+            prev = st.hdr.get(header, [np.nan, np.nan])
+            hs = np.concatenate([[prev[0]], hs])
+            ht = np.concatenate([[prev[1]], ht])
+            hs, ht = pd_ffill(hs)[1:], pd_ffill(ht)[1:]
+            n = np.isin(kinds[idx], takers) & np.isnan(slot[idx])
+            slot[idx[n]] = hs[n]
+            task[idx[n]] = ht[n]
+            if len(hs) and not np.isnan(hs[-1]) and not np.isnan(ht[-1]):
+                st.hdr[header] = [int(hs[-1]), int(ht[-1])]
+        for header in set(next_inh.values()):
+            takers = [k for k, h in next_inh.items() if h == header]
+            # backward fill from the next header line of the same instance
+            for inst_no in np.unique(inst[idx]):
+                sub = idx[inst[idx] == inst_no]
+                is_hdr = kinds[sub] == header
+                hs = np.where(is_hdr, slot[sub], np.nan)[::-1]
+                ht = np.where(is_hdr, task[sub], np.nan)[::-1]
+                hs, ht = pd_ffill(hs)[::-1], pd_ffill(ht)[::-1]
+                n = np.isin(kinds[sub], takers) & np.isnan(slot[sub])
+                slot[sub[n]] = hs[n]
+                task[sub[n]] = ht[n]
     return ev.with_columns(
         pl.Series("slot", slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
         pl.Series("task", task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
@@ -164,7 +211,7 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         pl.col("line_no").min().alias("line_first"),
         pl.col("line_no").max().alias("line_last"),
         pl.col("line_no").filter(pl.col("kind").is_in(START_KINDS)).min().alias("start_line"),
-        pl.col("line_no").filter(pl.col("kind").is_in(RELEASE_KINDS + ("timing_total", "rec_timing_total"))).max()
+        pl.col("line_no").filter(pl.col("kind").is_in((*RELEASE_KINDS, "timing_total", "rec_timing_total"))).min()
         .alias("close_line"),
         pl.col("elapsed_s").sort_by("line_no").drop_nulls().first().alias("elapsed_start_s"),
         pl.col("elapsed_s").sort_by("line_no").drop_nulls().last().alias("elapsed_end_s"),
@@ -209,9 +256,9 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
     for c in df.columns:
         if c in keys:
             continue
-        if c in {"line_first", "start_line"}:
+        if c in {"line_first", "start_line", "close_line"}:
             aggs.append(pl.col(c).min())
-        elif c in {"line_last", "close_line"}:
+        elif c in {"line_last"}:
             aggs.append(pl.col(c).max())
         elif c in {"elapsed_end_s", "t_end", "gen_progress"}:
             aggs.append(pl.col(c).drop_nulls().last() if c != "gen_progress" else pl.col(c).max())
@@ -283,6 +330,8 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce(
             "prompt_tokens",
             "prompt_tokens_alt",
+            pl.col("cached_explicit") + pl.col("prompt_eval_tokens"),
+            pl.col("p0") + pl.col("prompt_eval_tokens"),
             pl.when(pl.col("n_past_end").is_not_null() & pl.col("gen_tokens").is_not_null() & pl.col("has_timings")
                     & ~pl.col("context_shift") & ~pl.col("truncated").fill_null(False))
             .then(pl.col("n_past_end") - pl.col("gen_tokens") + 1),
@@ -308,14 +357,17 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("stop_type").str.to_lowercase().is_in(["limit", "time limit", "indentation limit"])).then(pl.lit("limit"))
         .when(pl.col("stop_type").str.to_lowercase() == "word").then(pl.lit("word"))
         .when(pl.col("ctx_train_cap")).then(pl.lit("limit"))
-        .when(pl.col("truncated").fill_null(False) | at_ctx | (pl.col("stop_type") == "context")).then(pl.lit("context"))
+        .when(pl.col("truncated").fill_null(False) | pl.col("context_shift") | at_ctx | (pl.col("stop_type") == "context"))
+        .then(pl.lit("context"))
         .when(pl.col("n_predict").is_not_null() & (pl.col("n_predict") > 0) & (pl.col("gen_tokens") >= pl.col("n_predict")))
         .then(pl.lit("limit"))
         .when(pl.col("http_status").fill_null(200) >= 400).then(pl.lit("error"))
         .when(pl.col("has_timings") | pl.col("has_release")).then(pl.lit("eos"))
         .otherwise(pl.lit("unknown"))
     )
-    df = df.with_columns(stop.alias("stop_reason"), pl.col("truncated").fill_null(False))
+    # era 2 releases carry no truncated flag: a context shift is the only sign
+    df = df.with_columns(stop.alias("stop_reason"), pl.coalesce("truncated", "context_shift").fill_null(False)
+                         .alias("truncated"))
     df = df.sort("line_first").with_columns(
         pl.col("line_first").rank("ordinal").over(["ikey", "instance_no", "slot"]).cast(pl.Int64).alias("seq"))
     return df

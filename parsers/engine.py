@@ -90,6 +90,23 @@ def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Serie
     return df.drop("__all"), rest
 
 
+def _json_alternatives(raw: pl.Series, paths: str) -> pl.Series:
+    """Value at the first of ``a|b|...`` JSON paths present (era 3 spells keys two ways: slot_id/id_slot)."""
+    out = pl.Series([None] * len(raw), dtype=pl.String)
+    for path in paths.split("|"):
+        out = out.fill_null(raw.str.json_path_match(path.strip()))
+    return out
+
+
+def _kv_alternatives(tail: pl.Series, keys: str) -> pl.Series:
+    """Value of the first of ``a|b|...`` keys present in a ``key=value`` tail (quotes removed)."""
+    out = pl.Series([None] * len(tail), dtype=pl.String)
+    for key in keys.split("|"):
+        val = tail.str.extract(rf"(?:^| ){re.escape(key.strip())}=(\"(?:[^\"\\]|\\.)*\"|\S+)", 1)
+        out = out.fill_null(val.str.strip_prefix('"').str.strip_suffix('"'))
+    return out
+
+
 def elapsed_seconds(s: pl.Series) -> pl.Series:
     """`M.SS.mmm.uuu` (minutes not capped) to seconds."""
     parts = s.str.split_exact(".", 3).struct.unnest()
@@ -199,21 +216,31 @@ class Engine:
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []
         rec_np = is_record.to_numpy()
+        # Prefilters scan only the rows no kind has claimed yet; the remaining set is re-gathered when it
+        # has shrunk by half, so the frequent kinds (first in the file) leave little for the rest to scan.
+        rem_idx = np.flatnonzero(~claimed)
+        rem_body = body.gather(rem_idx) if len(rem_idx) < n else body
         for ki, kind in enumerate(self.kinds):
             on_record = kind.json_fields or kind.kv_fields or getattr(kind, "on_record", False)
-            mask = ~claimed
+            live = ~claimed[rem_idx]
+            if not live.any():
+                break
+            if live.sum() * 2 < len(rem_idx):
+                rem_idx = rem_idx[live]
+                rem_body = body.gather(rem_idx)
+                live = np.ones(len(rem_idx), dtype=bool)
+            mask = live
             if fmt.family != "text":
-                mask &= rec_np if on_record or kind.name.startswith("rec_") else ~rec_np
+                mask = mask & (rec_np[rem_idx] if on_record or kind.name.startswith("rec_") else ~rec_np[rem_idx])
             if not mask.any():
                 continue
             if kind.prefilter:
-                mask &= body.str.contains(kind.prefilter, literal=True).to_numpy()
+                mask = mask & rem_body.str.contains(kind.prefilter, literal=True).to_numpy()
                 if not mask.any():
                     continue
-            idx = np.flatnonzero(mask)
-            sub = body.gather(idx)
-            ext = sub.str.extract_groups("(?P<__k>)" + kind.regex if kind.regex.startswith("^")
-                                         else "(?P<__k>)" + kind.regex).struct.unnest()
+            idx = rem_idx[mask]
+            sub = rem_body.filter(pl.Series(mask))
+            ext = sub.str.extract_groups("(?P<__k>)" + kind.regex).struct.unnest()
             hit = ext["__k"].is_not_null().to_numpy()
             if not hit.any():
                 continue
@@ -227,43 +254,38 @@ class Engine:
             if kind.json_fields:
                 raw_sub = text.gather(hit_idx)
                 part = part.with_columns(
-                    [raw_sub.str.json_path_match(path).alias(f) for f, path in kind.json_fields if f not in part.columns]
+                    [_json_alternatives(raw_sub, path).alias(f) for f, path in kind.json_fields if f not in part.columns]
                 )
             if kind.kv_fields:
                 tail = frame["__tail"].gather(hit_idx)
                 part = part.with_columns(
-                    [tail.str.extract(rf"(?:^| ){re.escape(key)}=(\"(?:[^\"\\]|\\.)*\"|\S+)", 1)
-                     .str.strip_prefix('"').str.strip_suffix('"').alias(f)
-                     for f, key in kind.kv_fields if f not in part.columns]
+                    [_kv_alternatives(tail, key).alias(f) for f, key in kind.kv_fields if f not in part.columns]
                 )
             part = part.with_columns(pl.lit(kind.name).alias("kind"))
             pieces.append(self._type(part))
 
-        # Continuations: unrecognised lines after a multiline record belong to it.
+        # Continuations: unrecognised lines after a multiline record belong to it (integer kind codes).
         unclaimed = ~claimed
         skipped: Counter = Counter()
         skipped[BLANK] = int(blank.sum())
-        kinds_arr = np.array([k.name for k in self.kinds] + [None], dtype=object)
-        prev_kind = pl.Series(np.where(kind_of >= 0, kinds_arr[kind_of], None), dtype=pl.String)
-        prev_kind = prev_kind.shift(1)
-        if carry.last_kind is not None and n:
-            prev_kind[0] = carry.last_kind if prev_kind[0] is None else prev_kind[0]
-        ffilled = prev_kind.fill_null(strategy="forward")
-        if carry.last_kind is not None:
-            ffilled = ffilled.fill_null(carry.last_kind)
-        ff_np = ffilled.to_numpy()
-        cont = unclaimed & np.isin(ff_np, list(self.multiline)) if self.multiline else np.zeros(n, bool)
-        # A blank line also ends nothing: keep it skipped.
-        for name, count in Counter(ff_np[cont]).items():
-            if name in self.skip:
-                skipped[name] += count
-        cont_parsed = int((cont & ~np.isin(ff_np, list(self.skip))).sum()) if self.skip else int(cont.sum())
+        carry_code = self.kind_index.get(carry.last_kind, -1) if carry.last_kind is not None else -1
+        codes = np.concatenate([[carry_code], kind_of])
+        pos = np.where(codes >= 0, np.arange(n + 1), 0)
+        np.maximum.accumulate(pos, out=pos)
+        ff = codes[pos][:-1]  # the latest recognised kind before each line (or the carried one)
+        ff = np.where((pos[:-1] == 0) & (codes[0] < 0), -1, ff)
+        is_multi = np.array([k.multiline for k in self.kinds] + [False])
+        is_skip = np.array([k.skip for k in self.kinds] + [False])
+        cont = unclaimed & is_multi[ff]
+        cont_skip = cont & is_skip[ff]
+        for code, count in zip(*np.unique(ff[cont_skip], return_counts=True)):
+            skipped[self.kinds[code].name] += int(count)
+        cont_parsed = int(cont.sum() - cont_skip.sum())
         unparsed_mask = unclaimed & ~cont
+        counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
         for ki, kind in enumerate(self.kinds):
-            if kind.skip:
-                cnt = int((kind_of == ki).sum())
-                if cnt:
-                    skipped[kind.name] += cnt
+            if kind.skip and counts[ki]:
+                skipped[kind.name] += int(counts[ki])
         last_rec = np.flatnonzero(kind_of >= 0)
         if len(last_rec):
             carry.last_kind = self.kinds[kind_of[last_rec[-1]]].name
@@ -285,10 +307,8 @@ class Engine:
             events = events.with_columns(elapsed_seconds(events["elapsed"])).drop("elapsed")
         unp_idx = np.flatnonzero(unparsed_mask)
         unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
-        parsed = int((kind_of >= 0).sum()) - sum(v for k, v in skipped.items() if k not in (BLANK,) and k in self.skip and k in {
-            self.kinds[i].name for i in range(len(self.kinds))}) + 0
         # parsed = recognised non-skip records + continuation lines of non-skip records
-        recognised_nonskip = int(sum((kind_of == ki).sum() for ki, k in enumerate(self.kinds) if not k.skip))
+        recognised_nonskip = int(counts[~is_skip[:-1]].sum())
         parsed = recognised_nonskip + cont_parsed
         total_skipped = sum(skipped.values())
         assert parsed + total_skipped + len(unp_idx) == n, (parsed, total_skipped, len(unp_idx), n)
