@@ -27,10 +27,12 @@ from forensics.errors import ForensicsError, InputError, UnknownFormatError
 from forensics.store import Store, fetch_pl
 from parsers import assemble
 from parsers.engine import Carry, Engine
+from parsers import reader
 from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, get_format, load_formats
 
 SKIP_NAMES = {".DS_Store"}
+WORKERS = 2
 SHAPE_RULES: list[tuple[str, str]] = [  # masking for "most common unknown line shapes", applied in order
     (r"\b[0-9a-f]{7,40}\b", "<hex>"),
     (r"\d+(?:\.\d+)?", "<n>"),
@@ -270,16 +272,37 @@ class Ingestor:
         wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
         chunk_no = 0
         inst_rows: list[pl.DataFrame] = []
-        for chunk in iter_chunks(path, start_offset=start_offset, start_line_no=start_line, state=rstate):
+        def classify(chunk: Any) -> Any:
+            res = engine.classify(chunk.lines, chunk.first_line_no, Carry())
+            return chunk, res, assemble.parse_abs_time(res.events, year_hint=year)
+
+        # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
+        # requests and writes parts in file order; at most WORKERS + 1 chunks are in memory at once.
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=WORKERS)
+        pending: list[Any] = []
+        chunks = iter_chunks(path, start_offset=start_offset, start_line_no=start_line, state=rstate,
+                             chunk_bytes=reader.CHUNK_BYTES)
+
+        def results() -> Any:
+            for chunk in chunks:
+                pending.append(pool.submit(classify, chunk))
+                if len(pending) > WORKERS:
+                    yield pending.pop(0).result()
+            while pending:
+                yield pending.pop(0).result()
+
+        for chunk, res, ev in results():
             chunk_no += 1
-            res = engine.classify(chunk.lines, chunk.first_line_no, carry)
+            engine.join_chunks(res, carry.last_kind)
+            if res.last_kind is not None:
+                carry.last_kind = res.last_kind
             wrappers_seen |= res.wrappers_seen
             lines += res.total
             parsed += res.parsed
             unparsed_n += res.unparsed.height
             skipped.update(res.skipped)
-            ev = res.events
-            ev = assemble.parse_abs_time(ev, year_hint=year)
             ev = assemble.assign_instances(ev, fmt, astate)
             ev = assemble.inherit_slots(ev, fmt, astate)
             part, http = assemble.partial_requests(ev)
@@ -299,6 +322,7 @@ class Ingestor:
             done_bytes[0] += chunk.end_offset - chunk.first_offset
             if self.progress:
                 self.progress(done_bytes[0], total_bytes)
+        pool.shutdown()
         self.result.warnings.extend(rstate.warnings)
         if rstate.held_back_bytes:
             self.result.warnings.append(

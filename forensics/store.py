@@ -77,7 +77,7 @@ class Transaction:
         tmp = f"{rel}.tmp-{self.txn_id}"
         path = self.store.root / tmp
         path.parent.mkdir(parents=True, exist_ok=True)
-        df.write_parquet(path, compression="zstd", statistics=True)
+        df.write_parquet(path, compression="zstd", compression_level=1, statistics=table != "events")
         self.staged.append((tmp, rel))
         self.adds.setdefault(table, []).append(rel)
 

@@ -78,6 +78,8 @@ class ChunkResult:
     parsed: int = 0
     total: int = 0
     wrappers_seen: set[str] = field(default_factory=set)
+    lead: int = 0  # unrecognised lines before the chunk's first recognised one
+    last_kind: str | None = None  # the chunk's last recognised kind
 
 
 def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Series]:
@@ -130,6 +132,8 @@ class Engine:
         self.multiline = {k.name for k in self.kinds if k.multiline}
         self.skip = {k.name for k in self.kinds if k.skip}
         self._record_re = fmt.record
+        # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
+        self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
 
     # ------------------------------------------------------------------ wrappers
     def unwrap(self, raw: pl.Series) -> tuple[pl.Series, pl.DataFrame, set[str]]:
@@ -240,7 +244,7 @@ class Engine:
                     continue
             idx = rem_idx[mask]
             sub = rem_body.filter(pl.Series(mask))
-            ext = sub.str.extract_groups("(?P<__k>)" + kind.regex).struct.unnest()
+            ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
             hit = ext["__k"].is_not_null().to_numpy()
             if not hit.any():
                 continue
@@ -289,6 +293,8 @@ class Engine:
         last_rec = np.flatnonzero(kind_of >= 0)
         if len(last_rec):
             carry.last_kind = self.kinds[kind_of[last_rec[-1]]].name
+        first_rec = int(last_rec[0]) if len(last_rec) else n
+        lead = int(unparsed_mask[:first_rec].sum())
         events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame({"__row": pl.Series([], dtype=pl.Int64)})
         if events.height:
             events = events.sort("__row")
@@ -313,7 +319,26 @@ class Engine:
         total_skipped = sum(skipped.values())
         assert parsed + total_skipped + len(unp_idx) == n, (parsed, total_skipped, len(unp_idx), n)
         return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
-                           wrappers_seen=seen)
+                           wrappers_seen=seen, lead=lead,
+                           last_kind=carry.last_kind if len(last_rec) else None)
+
+    def join_chunks(self, res: ChunkResult, prev_last_kind: str | None) -> None:
+        """Fix up a chunk classified without its predecessor's state (chunks run in parallel).
+
+        Unrecognised lines at the start of the chunk continue the previous chunk's last record when
+        that record is multi-line.
+        """
+        if not res.lead or prev_last_kind is None:
+            return
+        kind = self.fmt.kind(prev_last_kind)
+        if not kind.multiline:
+            return
+        res.unparsed = res.unparsed.slice(res.lead)
+        if kind.skip:
+            res.skipped[kind.name] += res.lead
+        else:
+            res.parsed += res.lead
+        res.lead = 0
 
     def _type(self, part: pl.DataFrame) -> pl.DataFrame:
         exprs = []

@@ -235,3 +235,20 @@ def test_store_reads_with_pyarrow_hive_partitioning(tmp_path: Path, store_dir: P
     table = ds.dataset(store_dir / "requests", format="parquet", partitioning="hive").to_table()
     assert table.column("run").to_pylist() == ["run-42"]
     assert table.column("gen_tokens").to_pylist() == [178]
+
+
+@pytest.mark.skipif(not REAL_B4747.exists(), reason="shared reference logs not present")
+def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk boundaries (multi-line chat template, timing blocks) do not change what is parsed."""
+    from parsers import reader
+
+    one = tmp_path / "one"
+    ingest(one, [REAL_B4747], run="r")
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 300)
+    many = tmp_path / "many"
+    ingest(many, [REAL_B4747], run="r")
+    cols = ["slot", "task", "prompt_tokens", "gen_tokens", "total_ms", "http_status", "line_first", "line_last"]
+    assert Store(many).table("requests").select(cols).sort("line_first").equals(
+        Store(one).table("requests").select(cols).sort("line_first"))
+    keep = ["lines_total", "lines_parsed", "lines_skipped", "lines_unparsed", "skipped_by_kind"]
+    assert Store(many).table("files").select(keep).rows() == Store(one).table("files").select(keep).rows()
