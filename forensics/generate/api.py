@@ -1,0 +1,360 @@
+"""``generate``: simulate a scenario and write its server logs, replay records and ground truth.
+
+Layout under ``out_dir``::
+
+    logs/<run_id>/<server>.log       a server launched for one run (its folder names the run)
+    logs/<server>.log                a server shared by several runs
+    logs/<run_id>/manifest.json      run manifest (canonical replay record layout)
+    logs/<run_id>/attempts.jsonl     one line per HTTP request the harness made
+    truth/requests.jsonl             ground truth: one line per request a slot served
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from forensics.errors import InputError
+from forensics.generate import writers as W
+from forensics.generate.model import Scenario
+from forensics.generate.simulate import SimResult, Simulator
+
+TRUTH_COLUMNS = [
+    "run", "instance", "path", "slot", "task", "seq", "item", "stage", "attempt", "prompt_tokens", "prompt_eval_tokens",
+    "cached_tokens", "gen_tokens", "prompt_ms", "gen_ms", "total_ms", "n_past_end", "n_ctx_slot", "stop_reason",
+    "truncated", "context_shift", "http_status", "error", "complete", "elapsed_start_s", "elapsed_end_s", "t_start",
+    "t_end", "runaway", "dead_slot", "context_error", "http_error", "cancelled", "timeout", "killed", "parse_error",
+]
+
+
+@dataclass
+class GeneratedRun:
+    out_dir: Path
+    logs: list[Path]
+    manifests: list[Path]
+    attempts: list[Path]
+    truth_path: Path
+    truth: pl.DataFrame  # first block only in size mode (the file holds everything)
+    requests: int
+    bytes_written: int
+    fmt: str
+    wrapper: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text.upper())
+    if not m:
+        raise InputError(f"cannot read size {text!r}", hint="write e.g. 50MB, 1GB or 1.5G")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def _layout(sc: Scenario) -> dict[str, str]:
+    users: dict[str, list[str]] = {}
+    for run in sc.runs:
+        for s in run.servers:
+            users.setdefault(s, []).append(run.run_id)
+    return {s.name: (f"{users[s.name][0]}/{s.name}.log" if len(users.get(s.name, [])) == 1 else f"{s.name}.log")
+            for s in sc.servers}
+
+
+def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.Era) -> pl.DataFrame:
+    recs = []
+    for r in sim.requests:
+        srv = sim.servers[r.server]
+        l0 = srv.launch_us
+        cancel_t = getattr(r, "cancel_t", None)
+        timed = r.cancel_kind is None and r.error_kind is None
+        recs.append({
+            "server": r.server, "run": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt,
+            "slot": r.slot, "task": r.task, "seq": r.seq, "t_launch": r.t_launch - l0, "t_pdone": r.t_pdone - l0,
+            "t_end": r.t_end - l0, "cancel_t": None if cancel_t is None else cancel_t - l0,
+            "t_gend": (cancel_t if cancel_t is not None else r.t_end) - l0,
+            "t_resp": r.t_end - l0 + 700, "prompt": r.prompt, "prompt_logged": r.prompt_logged, "cached": r.cached,
+            "eval": r.prompt_logged - r.cached, "gen": r.gen, "stop_reason": r.stop_reason, "truncated": r.truncated,
+            "n_past_end": r.n_past_end, "prev_n_past": r.prev_n_past,
+            "t_last_prev": -1 if r.t_last_prev < 0 else r.t_last_prev - l0, "idle_after": r.idle_after,
+            "graphs_reused": r.graphs_reused, "error_kind": r.error_kind, "error": r.error,
+            "http_status": r.http_status, "n_ctx_slot": srv.spec.n_ctx_slot, "n_ctx_train": srv.spec.n_ctx_train,
+            "input_truncated": r.input_truncated, "ctx_train_limited": r.ctx_train_limited,
+            "shift_j": [s[0] for s in r.shifts], "shift_left": [s[1] for s in r.shifts],
+            "shift_disc": [s[2] for s in r.shifts], "n_shifts": len(r.shifts), "timed": timed,
+            "timed_prompt": r.error_kind != "context" and r.t_pdone is not None and r.prompt_logged - r.cached > 0,
+            "runaway": r.runaway, "dead_slot": r.dead_mode is not None, "context_error": r.context_error,
+            "cancel_kind": r.cancel_kind, "parse_error": r.parse_error, "path": paths[r.server],
+        })
+    schema = {"shift_j": pl.List(pl.Int64), "shift_left": pl.List(pl.Int64), "shift_disc": pl.List(pl.Int64),
+              "cancel_t": pl.Int64, "error_kind": pl.String, "error": pl.String, "http_status": pl.Int64,
+              "cancel_kind": pl.String}
+    df = pl.DataFrame(recs, schema_overrides=schema, infer_schema_length=None)
+    if df.is_empty():
+        return df
+    df = df.with_columns(pl.col("http_status").fill_null(200), pl.col("error_kind").fill_null(""))
+    return df.sort(["server", "t_launch", "slot"]).with_columns(pl.int_range(pl.len()).over("server").alias("ridx"),
+                                                               pl.lit(era.http_path).alias("http_path"))
+
+
+def _truth(df: pl.DataFrame, sc: Scenario) -> pl.DataFrame:
+    launch = {s.name: sc.started_at + timedelta(seconds=s.launch_s) for s in sc.servers}
+    C = pl.col
+    pc = (C("t_pdone") - C("t_launch")) // 10
+    gc = (C("t_gend") - C("t_pdone")) // 10
+    l0 = C("server").replace_strict({k: v for k, v in launch.items()}, return_dtype=pl.Datetime("us", "UTC"))
+    return df.select(
+        C("run"), C("server").alias("instance"), C("path"), C("slot"), C("task"), C("seq"), C("item"), C("stage"),
+        C("attempt"), C("prompt_logged").alias("prompt_tokens"),
+        pl.when(C("error_kind") == "context").then(None).otherwise(C("eval")).alias("prompt_eval_tokens"),
+        pl.when(C("error_kind") == "context").then(None).otherwise(C("cached")).alias("cached_tokens"),
+        C("gen").alias("gen_tokens"),
+        pl.when(C("timed")).then(pc / 100).alias("prompt_ms"), pl.when(C("timed")).then(gc / 100).alias("gen_ms"),
+        pl.when(C("timed")).then((pc + gc) / 100).alias("total_ms"), C("n_past_end"), C("n_ctx_slot"),
+        C("stop_reason"), C("truncated"), (C("n_shifts") > 0).alias("context_shift"), C("http_status"), C("error"),
+        pl.lit(True).alias("complete"), (C("t_launch") / 1e6).alias("elapsed_start_s"),
+        (C("t_end") / 1e6).alias("elapsed_end_s"),
+        (l0 + pl.duration(microseconds=C("t_launch"))).alias("t_start"),
+        (l0 + pl.duration(microseconds=C("t_end"))).alias("t_end"),
+        C("runaway"), C("dead_slot"), C("context_error"), (C("http_status") >= 500).alias("http_error"),
+        C("cancel_kind").is_not_null().alias("cancelled"),
+        (C("cancel_kind") == "timeout").fill_null(False).alias("timeout"),
+        (C("cancel_kind") == "killed").fill_null(False).alias("killed"), C("parse_error"),
+    )
+
+
+def _iso(sc: Scenario, t_us: int | None) -> str | None:
+    if t_us is None:
+        return None
+    return (sc.started_at + timedelta(microseconds=t_us)).isoformat(timespec="microseconds")
+
+
+def _write_records(sim: SimResult, sc: Scenario, logs_dir: Path, paths: dict[str, str], run_suffix: str,
+                   t_shift: int) -> tuple[list[Path], list[Path]]:
+    manifests, attempt_files = [], []
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for a in sim.attempts:
+        by_run.setdefault(a["run_id"], []).append(a)
+    for info in sim.runs:
+        run = info["run"]
+        rid = run.run_id + run_suffix
+        d = logs_dir / rid
+        d.mkdir(parents=True, exist_ok=True)
+        servers = []
+        for name in run.servers:
+            spec = sc.server(name)
+            rel = os.path.relpath(logs_dir / paths[name], d)
+            servers.append({"name": name, "host": spec.host, "port": spec.port, "log_file": Path(rel).as_posix(),
+                            "launched_at": _iso(sc, int(spec.launch_s * 1e6))})
+        manifest = {
+            "run_id": rid, "started_at": _iso(sc, info["t_start"] + t_shift), "ended_at": _iso(sc, info["t_end"] + t_shift),
+            "concurrency": run.concurrency, "model": Path(sc.server(run.servers[0]).model).stem, "servers": servers,
+            "items": list(run.items), "stages": list(run.stages),
+            "budgets": {"max_request_s": run.timeout_s, **({"max_run_s": run.faults.watchdog_s} if run.faults.watchdog_s else {})},
+            "config": {"max_tokens": run.max_tokens, "max_attempts": run.max_attempts, "np": sc.server(run.servers[0]).np,
+                       **run.config},
+            "ended": {"how": info["ended_how"], "detail": info["ended_detail"], "after_s": round(info["after_s"], 3)},
+        }
+        mp = d / "manifest.json"
+        mp.write_text(json.dumps(manifest, indent=2) + "\n")
+        manifests.append(mp)
+        lines = []
+        for a in by_run.get(run.run_id, []):
+            rec = {"run_id": rid, "item": a["item"], "stage": a["stage"], "attempt": a["attempt"], "server": a["server"],
+                   "started_at": _iso(sc, a["t_send"] + t_shift), "ended_at": _iso(sc, a["t_end"] + t_shift),
+                   "http_status": a["http_status"], "error": a["error"], "outcome": a["outcome"],
+                   "id_slot": a["id_slot"], "tokens_evaluated": a["tokens_evaluated"],
+                   "tokens_predicted": a["tokens_predicted"], "stop_type": a["stop_type"], "truncated": a["truncated"],
+                   "timings": None if a["prompt_n"] is None else {
+                       "prompt_n": a["prompt_n"], "prompt_ms": round(a["prompt_ms"], 3),
+                       "predicted_n": a["predicted_n"], "predicted_ms": round(a["predicted_ms"], 3)},
+                   "output_chars": a["output_chars"], "max_tokens": a["max_tokens"]}
+            lines.append(json.dumps(rec))
+        ap = d / "attempts.jsonl"
+        ap.write_text("\n".join(lines) + ("\n" if lines else ""))
+        attempt_files.append(ap)
+    return manifests, attempt_files
+
+
+def _server_info(spec: Any) -> dict[str, object]:
+    return {"host": spec.host, "port": spec.port, "np": spec.np, "n_ctx_slot": spec.n_ctx_slot, "model": spec.model,
+            "n_ctx": spec.total_ctx, "n_ctx_train": spec.n_ctx_train}
+
+
+def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_off: pl.DataFrame,
+           graphs_off: dict[str, int], suffix: str) -> pl.DataFrame:
+    if i == 0:
+        return df.with_columns(pl.col("run") + suffix) if suffix else df
+    C = pl.col
+    sh = i * span
+    tcols = ["t_launch", "t_pdone", "t_end", "cancel_t", "t_gend", "t_resp"]
+    out = df.join(seq_off, on=["server", "slot"], how="left").with_columns(
+        *[(C(c) + sh) for c in tcols],
+        pl.when(C("t_last_prev") >= 0).then(C("t_last_prev") + sh).otherwise(-1).alias("t_last_prev"),
+        (C("task") + i * C("server").replace_strict(task_off, return_dtype=pl.Int64)).alias("task"),
+        (C("seq") + i * C("nseq")).alias("seq"),
+        (C("graphs_reused") + i * C("server").replace_strict(graphs_off, return_dtype=pl.Int64)).alias("graphs_reused"),
+        (C("run") + suffix).alias("run"),
+    ).drop("nseq")
+    return out
+
+
+def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,
+             requests: int | None = None, size: int | str | None = None) -> GeneratedRun:
+    """Simulate ``scenario`` and write its logs, replay records and ground truth under ``out_dir``.
+
+    ``requests``/``size``: repeat the scenario's runs (shifted in time, renamed ``<run>-NNNN``) until at least that
+    many slot requests / log bytes are written.  Same seed, same arguments → byte-identical files.
+    """
+    wrapper = wrapper or "none"
+    if fmt not in W.ERAS:
+        raise InputError(f"unknown log format {fmt!r}", hint=f"choose one of {', '.join(W.ERAS)}")
+    if wrapper not in W.WRAPPERS:
+        raise InputError(f"unknown wrapper {wrapper!r}", hint=f"choose one of {', '.join(W.WRAPPERS)}")
+    era = W.ERAS[fmt]
+    if wrapper == "router" and not era.prefix:
+        raise InputError(f"router mode did not exist in the {fmt} build", hint="use --format era5 or era4-prefix")
+    if wrapper == "ansi" and not era.prefix:
+        raise InputError(f"the ansi wrapper needs a format with a log prefix, not {fmt}", hint="use --format era5")
+    size_b = parse_size(size) if isinstance(size, str) else size
+    out = Path(out_dir)
+    logs_dir = out / "logs"
+    truth_dir = out / "truth"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    truth_dir.mkdir(parents=True, exist_ok=True)
+    builds = {s.name: (s.build or era.build) for s in scenario.servers}
+    sim = Simulator(scenario, builds, seed).simulate()
+    paths = _layout(scenario)
+    df = _request_frame(sim, scenario, paths, era)
+    tiling = requests is not None or size_b is not None
+    span = (max((r["t_end"] for r in sim.runs), default=0) + 60_000_000) if tiling else 0
+    # per-server constants for tiling
+    task_off = {n: s.next_task + 100 for n, s in sim.servers.items()}
+    graphs_off = {n: max(int(s.steps) - s.rebuilds, 0) for n, s in sim.servers.items()}
+    seq_off = (df.group_by(["server", "slot"]).agg(pl.col("seq").max().alias("nseq")) if not df.is_empty()
+               else pl.DataFrame(schema={"server": pl.String, "slot": pl.Int64, "nseq": pl.Int64}))
+    extras = {n: pl.DataFrame(e, schema={"t": pl.Int64, "kind": pl.String, "task": pl.Int64, "status": pl.Int64})
+              for n, e in sim.extras.items()}
+
+    handles = {}
+    for spec in scenario.servers:
+        p = logs_dir / paths[spec.name]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        handles[spec.name] = p.open("wb")
+    truth_path = truth_dir / "requests.jsonl"
+    tfh = truth_path.open("wb")
+    written = {n: 0 for n in handles}
+    manifests: list[Path] = []
+    attempt_files: list[Path] = []
+    n_req = 0
+    first_truth = _truth(df, scenario) if not df.is_empty() else pl.DataFrame()
+    pids = {s.name: 2000 + 1000 * k + (seed % 997) for k, s in enumerate(scenario.servers)}
+    try:
+        # banners
+        for spec in scenario.servers:
+            info = _server_info(spec)
+            b = W.banner(fmt, info)
+            bl = pl.DataFrame({"t": [x[0] for x in b], "k": list(range(-len(b) - 1000, -1000)), "lvl": [x[1] for x in b],
+                               "body": [x[2] for x in b], "raw": [x[3] for x in b]},
+                              schema={"t": pl.Int64, "k": pl.Int64, "lvl": pl.String, "body": pl.String, "raw": pl.Boolean})
+            frames = [_finish(bl, era, wrapper, scenario, spec, pids[spec.name])]
+            if wrapper == "router":
+                frames.append(_router(pl.DataFrame(schema={"t_launch": pl.Int64, "ridx": pl.Int64}), info, era,
+                                      scenario, spec, pids[spec.name], head=True))
+            written[spec.name] += W.write_lines([_sort(frames)], handles[spec.name])
+        per_tile = max(len(df), 1)
+        i = 0
+        batch_tiles = 1
+        while True:
+            tiles = list(range(i, i + batch_tiles))
+            for name, spec in ((s.name, s) for s in scenario.servers):
+                part = df.filter(pl.col("server") == name)
+                ex = extras[name]
+                chunks, exs = [], []
+                for j in tiles:
+                    suffix = f"-{j:04d}" if tiling else ""
+                    chunks.append(_shift(part, j, span, task_off, seq_off, graphs_off, suffix))
+                    exs.append(ex.with_columns(pl.col("t") + j * span - int(spec.launch_s * 1e6),
+                                               pl.col("task") + j * task_off[name]))
+                blk = pl.concat(chunks) if chunks else part
+                blk = blk.with_columns(pl.int_range(pl.len()).alias("ridx"), pl.lit(0).alias("clock0").cast(pl.Int64))
+                blk = blk.with_columns((pl.col("ridx") * 0 + 912_000_000_000 + 7919 * pids[name]).alias("clock0"))
+                exb = pl.concat(exs).with_columns(pl.int_range(pl.len()).alias("eidx"))
+                lines = [x for x in W.request_lines(fmt, blk, spec.n_batch) if not x.is_empty()]
+                lines += [x for x in W.extra_lines(fmt, exb, era.http_path) if not x.is_empty()]
+                frames = [_finish(pl.concat(lines) if lines else W.empty_lines(), era, wrapper, scenario, spec,
+                                  pids[name])]
+                if wrapper == "router":
+                    frames.append(_router(blk, _server_info(spec), era, scenario, spec, pids[name], head=False))
+                written[name] += W.write_lines([_sort(frames)], handles[name])
+                if not blk.is_empty():
+                    tfh.write(_ndjson(_truth(blk, scenario)))
+            for j in tiles:
+                suffix = f"-{j:04d}" if tiling else ""
+                m, a = _write_records(sim, scenario, logs_dir, paths, suffix, j * span)
+                manifests += m
+                attempt_files += a
+            n_req += per_tile * len(tiles)
+            i += len(tiles)
+            total = sum(written.values())
+            if not tiling or df.is_empty():
+                break
+            if requests is not None and n_req >= requests:
+                break
+            if size_b is not None and total >= size_b:
+                break
+            # grow batches so each formatting call handles about 64 MB
+            per = total / max(i, 1)
+            left = math.inf if size_b is None else (size_b - total) / per
+            if requests is not None:
+                left = min(left, (requests - n_req) / per_tile)
+            batch_tiles = int(max(1, min(math.ceil(left), max(1, (64 << 20) // max(per, 1)))))
+    finally:
+        for h in handles.values():
+            h.close()
+        tfh.close()
+    return GeneratedRun(out_dir=out, logs=[logs_dir / paths[s.name] for s in scenario.servers], manifests=manifests,
+                        attempts=attempt_files, truth_path=truth_path, truth=first_truth, requests=n_req,
+                        bytes_written=sum(written.values()), fmt=fmt, wrapper=wrapper)
+
+
+def _ndjson(df: pl.DataFrame) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    df.with_columns(pl.col("t_start").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f+00:00"),
+                    pl.col("t_end").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f+00:00")).write_ndjson(buf)
+    return buf.getvalue()
+
+
+def _sort(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    return pl.concat(frames).sort(["t", "k"])
+
+
+def _finish(lines: pl.DataFrame, era: W.Era, wrapper: str, sc: Scenario, spec: Any, pid: int) -> pl.DataFrame:
+    return W.finish_lines(lines, era, wrapper, launched_at=sc.started_at + timedelta(seconds=spec.launch_s),
+                          hostname=sc.hostname, pid=pid, port=spec.port)
+
+
+ROUTER_SPAWN_US = 20_110_580
+
+
+def _router(blk: pl.DataFrame, info: dict[str, object], era: W.Era, sc: Scenario, spec: Any, pid: int,
+            head: bool) -> pl.DataFrame:
+    r = W.router_lines(blk, info, ROUTER_SPAWN_US)
+    r = r.filter(pl.col("k") < -1) if head else r.filter(pl.col("k") >= -1)
+    return W.finish_lines(r, era, "none", launched_at=sc.started_at + timedelta(seconds=spec.launch_s),
+                          hostname=sc.hostname, pid=pid, port=spec.port, ts_shift_us=ROUTER_SPAWN_US)
+
+
+def with_build(scenario: Scenario, build: int) -> Scenario:
+    return replace(scenario, servers=tuple(replace(s, build=build) for s in scenario.servers))
+
+
+__all__ = ["TRUTH_COLUMNS", "GeneratedRun", "datetime", "generate", "parse_size", "with_build"]
