@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import duckdb
 import polars as pl
@@ -48,10 +47,13 @@ def default_store_path() -> Path:
 
 def escape_partition(value: str) -> str:
     """Escape a run name for a hive directory: no separators, no '..', no NUL; reversible."""
-    text = quote(value.replace("\x00", ""), safe="-_.~+@")
-    if text in {"", ".", ".."} or text.startswith("."):
-        text = quote(text, safe="").replace(".", "%2E")
-    return text or "%2E"
+    out = []
+    for ch in value.replace("\x00", ""):
+        if ch.isascii() and (ch.isalnum() or ch in "-_~+@"):
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out) or "%20"
 
 
 @dataclass
@@ -232,16 +234,24 @@ class Store:
         return notes
 
     # ------------------------------------------------------------------ reading
-    def connect(self, *, tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with one view per table (same names as the tables)."""
+    def connect(self, *, tables: list[str] | None = None, existing_only: bool = False) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with one view per table (same names as the tables).
+
+        A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
+        """
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         for table in tables or list(schema.TABLES):
-            self._create_view(con, table)
+            self._create_view(con, table, existing_only)
         return con
 
-    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str) -> None:
+    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
         parts = [str(self.root / p) for p in self.parts(table)]
+        missing = [p for p in parts if not Path(p).exists()]
+        if missing and not existing_only:
+            raise StoreError(f"{missing[0]} is listed in the store's manifest but missing",
+                             hint="run `forensics check` to see how to repair the store")
+        parts = [p for p in parts if p not in missing]
         empty = self._empty_part(table)
         if not parts:
             cols = ", ".join(
