@@ -58,12 +58,12 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * mult)
 
 
-def _layout(sc: Scenario) -> dict[str, str]:
+def _layout(sc: Scenario, tiling: bool) -> dict[str, str]:
     users: dict[str, list[str]] = {}
     for run in sc.runs:
         for s in run.servers:
             users.setdefault(s, []).append(run.run_id)
-    return {s.name: (f"{users[s.name][0]}/{s.name}.log" if len(users.get(s.name, [])) == 1 else f"{s.name}.log")
+    return {s.name: (f"{users[s.name][0]}/{s.name}.log" if len(users.get(s.name, [])) == 1 and not tiling else f"{s.name}.log")
             for s in sc.servers}
 
 
@@ -115,8 +115,9 @@ def _truth(df: pl.DataFrame, sc: Scenario) -> pl.DataFrame:
         pl.when(C("error_kind") == "context").then(None).otherwise(C("eval")).alias("prompt_eval_tokens"),
         pl.when(C("error_kind") == "context").then(None).otherwise(C("cached")).alias("cached_tokens"),
         C("gen").alias("gen_tokens"),
-        pl.when(C("timed")).then(pc / 100).alias("prompt_ms"), pl.when(C("timed")).then(gc / 100).alias("gen_ms"),
-        pl.when(C("timed")).then((pc + gc) / 100).alias("total_ms"), C("n_past_end"), C("n_ctx_slot"),
+        pl.when(C("timed")).then((pc / 100).round(2)).alias("prompt_ms"),
+        pl.when(C("timed")).then((gc / 100).round(2)).alias("gen_ms"),
+        pl.when(C("timed")).then(((pc + gc) / 100).round(2)).alias("total_ms"), C("n_past_end"), C("n_ctx_slot"),
         C("stop_reason"), C("truncated"), (C("n_shifts") > 0).alias("context_shift"), C("http_status"), C("error"),
         pl.lit(True).alias("complete"), (C("t_launch") / 1e6).alias("elapsed_start_s"),
         (C("t_end") / 1e6).alias("elapsed_end_s"),
@@ -230,9 +231,9 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
     truth_dir.mkdir(parents=True, exist_ok=True)
     builds = {s.name: (s.build or era.build) for s in scenario.servers}
     sim = Simulator(scenario, builds, seed).simulate()
-    paths = _layout(scenario)
-    df = _request_frame(sim, scenario, paths, era)
     tiling = requests is not None or size_b is not None
+    paths = _layout(scenario, tiling)
+    df = _request_frame(sim, scenario, paths, era)
     span = (max((r["t_end"] for r in sim.runs), default=0) + 60_000_000) if tiling else 0
     # per-server constants for tiling
     task_off = {n: s.next_task + 100 for n, s in sim.servers.items()}
