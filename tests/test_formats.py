@@ -15,13 +15,8 @@ from parsers.spec import Format, Kind, load_formats
 FORMATS = load_formats()
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 
-# Known defects in format files owned by others, reported to their owner; strict, so a fix turns them red
-# until the entry is removed.
-KNOWN = {
-    ("classify", "llama-common"): "srv_other sample 'srv  load_model:' lacks the 12-char padding of the func column",
-    ("unique", "llama-common"): "http_body regex also matches every http_request line (needs two spaces after request:)",
-    ("wrapper", "rsyslog-iso"): "docker-timestamps runs first and eats the ISO time of rsyslog-iso lines",
-}
+# Known defects in format files, each a strict xfail so that a fix turns it red until the entry goes.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _known(request: pytest.FixtureRequest, key: tuple[str, str]) -> None:
