@@ -1,0 +1,233 @@
+"""Altair charts of throughput, latency, slot timelines, token counts and busy slots.
+
+The only library module that imports altair.  Every chart function takes plain polars frames from
+``forensics.metrics`` and returns an ``alt.Chart``; ``save`` writes it as self-contained HTML (the
+Vega, Vega-Lite and vega-embed JavaScript inline, no CDN), PNG, SVG or the Vega-Lite JSON spec,
+chosen by the file extension.  ``build`` draws a chart KIND for runs of a store.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from forensics import metrics
+from forensics.errors import InputError
+from forensics.store import Store
+
+KINDS = ("throughput", "latency", "timeline", "tokens", "busy")
+EXTENSIONS = (".html", ".png", ".svg", ".json")
+VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "failed": "#7f7f7f"}
+
+
+def _data(df: pl.DataFrame) -> alt.Data:
+    """Inline values (JSON-safe: datetimes as ISO strings) so specs never point at a file or URL."""
+    flat = df.with_columns([pl.col(c).dt.to_string("%Y-%m-%dT%H:%M:%S%.3fZ")
+                            for c, t in df.schema.items() if isinstance(t, pl.Datetime)])
+    return alt.Data(values=flat.to_dicts())
+
+
+def _tips(df: pl.DataFrame, cols: list[str]) -> list[alt.Tooltip]:
+    """Tooltips with explicit types (inline data gives altair nothing to infer them from)."""
+    return [alt.Tooltip(f"{c}:{'Q' if df.schema[c].is_numeric() else 'N'}") for c in cols if c in df.columns]
+
+
+def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
+    """Output tokens/s (and requests/s) against concurrency across runs, the knee marked."""
+    by = scaling.by
+    t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
+    base = alt.Chart(_data(t)).encode(x=alt.X("x:Q", title=by))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("gen_tok_per_s:Q", title="output tokens / s"),
+        tooltip=[alt.Tooltip("x:Q", title=by), alt.Tooltip("runs:Q"),
+                 alt.Tooltip("gen_tok_per_s:Q", format=".1f"), alt.Tooltip("req_per_s:Q", format=".3f"),
+                 alt.Tooltip("effective_concurrency:Q", format=".2f")])
+    layers: list[Any] = [line]
+    if scaling.knee is not None:
+        layers.append(alt.Chart(_data(pl.DataFrame({"x": [scaling.knee], "label": ["knee"]})))
+                      .mark_rule(color="#e45756", strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]))
+    return alt.layer(*layers).properties(title=f"Throughput vs {by}: {scaling.sentence}", width=520, height=300)
+
+
+def latency_chart(scaling: metrics.Scaling) -> alt.Chart:
+    """Median and p90 latency against concurrency, with the fitted line latency = a + b × x."""
+    by = scaling.by
+    t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
+    long = t.select("x", "latency_p50_s", "latency_p90_s").unpivot(
+        index="x", variable_name="stat", value_name="latency_s")
+    pts = alt.Chart(_data(long)).mark_line(point=True).encode(
+        x=alt.X("x:Q", title=by), y=alt.Y("latency_s:Q", title="request latency (s)"),
+        color=alt.Color("stat:N", title=None),
+        tooltip=[alt.Tooltip("x:Q", title=by), "stat:N", alt.Tooltip("latency_s:Q", format=".2f")])
+    layers: list[Any] = [pts]
+    title = f"Latency vs {by}"
+    fit = scaling.fit
+    if fit is not None and t.height:
+        xs = [min(t["x"].to_list()), max(t["x"].to_list())]
+        fitted = pl.DataFrame({"x": xs, "latency_s": [fit.predict(x) for x in xs]})
+        layers.append(alt.Chart(_data(fitted)).mark_line(strokeDash=[6, 3], color="black")
+                      .encode(x="x:Q", y="latency_s:Q"))
+        title += f" (fit on p50: {fit.a:.2f} s + {fit.b:.2f} s × {by})"
+    return alt.layer(*layers).properties(title=title, width=520, height=300)
+
+
+def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
+    """One lane per instance and slot, one bar per request, coloured by class."""
+    df = intervals
+    if "class" not in df.columns:
+        df, _ = metrics.classify_requests(df)
+    df = df.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null()).with_columns(
+        pl.concat_str([pl.col("run"), pl.lit(" "), pl.col("instance").fill_null("?"), pl.lit(" slot "),
+                       pl.col("slot").cast(pl.String).fill_null("?")]).alias("lane"))
+    cols = [c for c in ("lane", "run", "instance", "slot", "task", "item", "stage", "gen_tokens", "prompt_tokens",
+                        "latency_s", "start_s", "end_s", "class", "stop_reason", "error") if c in df.columns]
+    df = df.select(cols)
+    tooltip = _tips(df, ["item", "stage", "task", "slot", "instance", "class", "stop_reason"])
+    tooltip += [alt.Tooltip("gen_tokens:Q", title="generated tokens"),
+                alt.Tooltip("prompt_tokens:Q", title="prompt tokens"),
+                alt.Tooltip("latency_s:Q", title="seconds", format=".2f"),
+                alt.Tooltip("start_s:Q", title="start (s)", format=".1f")]
+    lanes = df["lane"].n_unique() if df.height else 1
+    return alt.Chart(_data(df)).mark_bar(stroke="white", strokeWidth=0.5).encode(
+        x=alt.X("start_s:Q", title="seconds since the run's first request"),
+        x2="end_s:Q",
+        y=alt.Y("lane:N", title=None, sort=None),
+        color=alt.Color("class:N", title="request",
+                        scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+        tooltip=tooltip,
+    ).properties(title="Slot timeline", width=720, height=max(60, 18 * lanes))
+
+
+def tokens_chart(intervals: pl.DataFrame, cap: int | None = None, *, cap_source: str = "") -> alt.Chart:
+    """Generated tokens per request, by stage when known (else by run), the recommended cap as a rule."""
+    df = intervals.filter(pl.col("gen_tokens").is_not_null())
+    group = "stage" if "stage" in df.columns and df["stage"].drop_nulls().len() else "run"
+    if "class" not in df.columns:
+        df, _ = metrics.classify_requests(df)
+    df = df.select(group, "gen_tokens", "class", *[c for c in ("item", "task", "slot") if c in df.columns])
+    pts = alt.Chart(_data(df)).mark_tick(thickness=2, size=14).encode(
+        x=alt.X("gen_tokens:Q", title="generated tokens"),
+        y=alt.Y(f"{group}:N", title=group),
+        color=alt.Color("class:N", scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+        tooltip=_tips(df, df.columns),
+    )
+    layers: list[Any] = [pts]
+    title = f"Generated tokens per {group}"
+    if cap is not None:
+        label = f"recommended cap {cap}" + (f" ({cap_source})" if cap_source else "")
+        layers.append(alt.Chart(_data(pl.DataFrame({"cap": [cap], "label": [label]})))
+                      .mark_rule(color="#e45756", strokeWidth=2).encode(x="cap:Q", tooltip=["label:N"]))
+        title += f", {label}"
+    n = df[group].n_unique() if df.height else 1
+    return alt.layer(*layers).properties(title=title, width=620, height=max(60, 30 * n))
+
+
+def busy_chart(intervals: pl.DataFrame) -> alt.Chart:
+    """Busy slots (requests in flight) over time, one step line per run and instance."""
+    b = metrics.busy_over_time(intervals).with_columns(
+        pl.concat_str([pl.col("run"), pl.lit(" "), pl.col("instance").fill_null("?")]).alias("series"))
+    return alt.Chart(_data(b)).mark_line(interpolate="step-after").encode(
+        x=alt.X("t_s:Q", title="seconds since the run's first request"),
+        y=alt.Y("busy:Q", title="busy slots"),
+        color=alt.Color("series:N", title=None),
+        tooltip=["series:N", alt.Tooltip("t_s:Q", format=".1f"), "busy:Q"],
+    ).properties(title="Busy slots over time", width=620, height=220)
+
+
+def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "np",
+          source: str = "auto") -> alt.Chart:
+    """The chart ``kind`` for ``runs`` of ``store`` (all runs when empty)."""
+    if kind not in KINDS:
+        raise InputError(f"unknown chart kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
+    if kind in {"throughput", "latency"}:
+        m = metrics.throughput(store, runs, source=source)
+        sc = metrics.scaling(m, by=by, store=store)
+        return throughput_chart(sc) if kind == "throughput" else latency_chart(sc)
+    # per-request charts: the server's slots are the lanes when the log has them
+    src = "server" if source == "auto" and has_server_requests(store, runs) else source
+    ri = metrics.request_intervals(store, runs, source=src)
+    ri, _ = metrics.classify_requests(ri, store)
+    if kind == "timeline":
+        return timeline_chart(ri)
+    if kind == "busy":
+        return busy_chart(ri)
+    run = runs[0] if runs and len(runs) == 1 else None
+    cap, cap_src = metrics.recommended_cap(ri, store, run)
+    return tokens_chart(ri, cap, cap_source="simple rule" if cap_src == "rules" else "")
+
+
+def has_server_requests(store: Store, runs: list[str] | None) -> bool:
+    con = store.connect(tables=["requests"])
+    try:
+        names = runs or [r[0] for r in con.execute("SELECT DISTINCT run FROM requests").fetchall()]
+        n = con.execute("SELECT count(*) FROM requests WHERE list_contains($runs, run)",
+                        {"runs": list(names)}).fetchone()
+    finally:
+        con.close()
+    return bool(n and n[0])
+
+
+# ---------------------------------------------------------------------------------------- output
+def spec(chart: alt.Chart) -> dict[str, Any]:
+    """The Vega-Lite spec with its data inline and no ``$schema`` URL."""
+    d = chart.to_dict()
+    d.pop("$schema", None)
+    return d
+
+
+@cache
+def javascript_bundle() -> str:
+    """Vega, Vega-Lite and vega-embed as one inline script (from vl-convert; no network)."""
+    import vl_convert as vlc
+
+    return vlc.javascript_bundle(vl_version=VL_VERSION)
+
+
+def script_json(data: Any) -> str:
+    """JSON safe inside a <script> element: <, > and & escaped so no string can end the script."""
+    return (json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def embed_div(chart: alt.Chart, div_id: str) -> str:
+    """A <div> and the script that draws ``chart`` in it (needs ``javascript_bundle`` on the page)."""
+    return (f'<div id="{html.escape(div_id)}" class="chart"></div>\n'
+            f'<script>vegaEmbed("#{html.escape(div_id)}", {script_json(spec(chart))}, '
+            '{"actions": false, "renderer": "svg"}).catch(function (e) {'
+            f' document.getElementById("{html.escape(div_id)}").textContent = "chart failed: " + e; }});'
+            "</script>")
+
+
+def to_html(chart: alt.Chart, title: str = "chart") -> str:
+    """A standalone HTML page drawing ``chart`` that works offline."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+            f"<script>{javascript_bundle()}</script>\n</head><body>\n{embed_div(chart, 'vis')}\n</body></html>\n")
+
+
+def save(chart: alt.Chart, path: Path | str, *, title: str = "chart") -> Path:
+    """Write ``chart`` to ``path``: .html (interactive, offline), .png, .svg or .json (the spec)."""
+    import vl_convert as vlc
+
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in EXTENSIONS:
+        raise InputError(f"cannot write a chart as {ext or 'a file without extension'}", path=str(path),
+                         hint=f"use one of {', '.join(EXTENSIONS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    s = spec(chart)
+    if ext == ".html":
+        path.write_text(to_html(chart, title), encoding="utf-8")
+    elif ext == ".png":
+        path.write_bytes(vlc.vegalite_to_png(s, vl_version=VL_VERSION, scale=2))
+    elif ext == ".svg":
+        path.write_text(vlc.vegalite_to_svg(s, vl_version=VL_VERSION), encoding="utf-8")
+    else:
+        path.write_text(json.dumps(s, indent=1, ensure_ascii=False), encoding="utf-8")
+    return path

@@ -1,0 +1,435 @@
+"""Throughput, latency and concurrency per run, their scaling across runs, and smoke budgets.
+
+Definitions (see docs/throughput.md) follow vLLM's ``bench serve``, SGLang's ``bench_serving`` and
+llama.cpp's timings where those define the same thing:
+
+* request latency: server side ``total_ms / 1000`` (llama.cpp's prompt + generation time), or client
+  side ``ended_at - started_at`` when the run has replay records (column ``source`` says which);
+* TPOT (time per output token, vLLM): ``gen_ms / (gen_tokens - 1)`` per request;
+* ``gen_tok_per_s``: Σ generated tokens / wall time (vLLM's output throughput, token-weighted);
+* ``effective_concurrency``: Σ request durations / wall time (SGLang's "Concurrency");
+* ``peak_busy_slots``: the most requests in flight at the same moment.
+
+Everything here is plain polars and DuckDB: no click, no altair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from forensics.errors import InputError, NotFoundError, QueryError
+from forensics.store import Store, fetch_pl
+
+QUERIES = Path(__file__).resolve().parent / "queries"
+KNEE_GAIN = 0.10  # the knee: first step where throughput grows less than 10 % per extra slot
+SOURCES = ("auto", "server", "records")
+REQUEST_CLASSES = ("normal", "runaway", "dead slot", "failed")
+
+
+@cache
+def load_query(name: str) -> str:
+    """The text of ``forensics/queries/<name>.sql``."""
+    return (QUERIES / f"{name}.sql").read_text(encoding="utf-8")
+
+
+def _con(store: Store | duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    if isinstance(store, Store):
+        return store.connect(), True
+    return store, False
+
+
+def all_runs(store: Store | duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs with requests, attempts or a manifest, sorted."""
+    con, own = _con(store)
+    try:
+        rows = con.execute(
+            "SELECT DISTINCT run FROM (SELECT run FROM requests UNION ALL SELECT run FROM attempts "
+            "UNION ALL SELECT run FROM runs) WHERE run IS NOT NULL ORDER BY run"
+        ).fetchall()
+    finally:
+        if own:
+            con.close()
+    return [r[0] for r in rows]
+
+
+def resolve_runs(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None) -> list[str]:
+    """``runs`` checked against the store (all runs when None or empty)."""
+    known = all_runs(store)
+    if not runs:
+        return known
+    missing = [r for r in runs if r not in known]
+    if missing:
+        raise NotFoundError(f"no run {missing[0]!r} in the store",
+                            hint=f"runs: {', '.join(known) or 'none; run `forensics ingest` first'}")
+    return list(runs)
+
+
+def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
+                      source: str = "auto") -> pl.DataFrame:
+    """One row per request with ``start_s``/``end_s`` on its run's clock (see request_intervals.sql)."""
+    if source not in SOURCES:
+        raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
+    con, own = _con(store)
+    try:
+        names = resolve_runs(con, runs)
+        return fetch_pl(con, load_query("request_intervals"), {"runs": names, "source": source})
+    finally:
+        if own:
+            con.close()
+
+
+def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
+               source: str = "auto", intervals: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per-run metrics (one row per run, see throughput.sql for the columns)."""
+    con, own = _con(store)
+    try:
+        ri = intervals if intervals is not None else request_intervals(con, runs, source=source)
+        con.register("request_intervals", ri.to_arrow())
+        try:
+            return fetch_pl(con, load_query("throughput"))
+        finally:
+            con.unregister("request_intervals")
+    finally:
+        if own:
+            con.close()
+
+
+# ---------------------------------------------------------------------------------------- scaling
+@dataclass(frozen=True)
+class Fit:
+    """Least-squares line ``y = a + b x`` (b: marginal cost of one more concurrent request)."""
+
+    a: float
+    b: float
+    r2: float | None
+    n: int
+
+    def predict(self, x: float) -> float:
+        return self.a + self.b * x
+
+
+def fit_line(x: list[float], y: list[float]) -> Fit | None:
+    """Ordinary least squares over the pairs with both values; None with fewer than two distinct x."""
+    pts = [(float(a), float(b)) for a, b in zip(x, y, strict=True)
+           if a is not None and b is not None and not (math.isnan(a) or math.isnan(b))]
+    n = len(pts)
+    if n < 2:
+        return None
+    mx = sum(p[0] for p in pts) / n
+    my = sum(p[1] for p in pts) / n
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:
+        return None
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    b = sxy / sxx
+    a = my - b * mx
+    syy = sum((p[1] - my) ** 2 for p in pts)
+    ss_res = sum((p[1] - (a + b * p[0])) ** 2 for p in pts)
+    r2 = 1 - ss_res / syy if syy > 0 else None
+    return Fit(a, b, r2, n)
+
+
+@dataclass
+class Scaling:
+    """Throughput and latency against concurrency (or another field) across runs."""
+
+    by: str
+    table: pl.DataFrame
+    fit: Fit | None
+    knee: float | None
+    sentence: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _config_values(store: Store | duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
+    con, own = _con(store)
+    try:
+        rows = con.execute("SELECT run, config FROM runs").fetchall()
+    finally:
+        if own:
+            con.close()
+    out: dict[str, Any] = {}
+    for run, config in rows:
+        try:
+            data = json.loads(config) if config else {}
+        except json.JSONDecodeError:
+            continue
+        value: Any = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            out[run] = value
+    return out
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(str(v))
+    except ValueError:
+        return None
+
+
+def _fmt_x(x: float) -> str:
+    return f"{x:g}"
+
+
+def scaling(metrics: pl.DataFrame, *, by: str = "np",
+            store: Store | duckdb.DuckDBPyConnection | None = None) -> Scaling:
+    """Group per-run ``metrics`` by ``by`` (a metrics column, or a key of runs.config), fit latency
+    = a + b × x on the runs' median latency, and find the knee (see ``knee``)."""
+    notes: list[str] = []
+    if by in metrics.columns:
+        values = dict(zip(metrics["run"].to_list(), metrics[by].to_list(), strict=True))
+    elif store is not None:
+        values = _config_values(store, by)
+        if not values:
+            raise InputError(f"no run has a field {by!r}",
+                             hint="use np, a column of `forensics throughput`, or a key of the runs' config")
+    else:
+        raise InputError(f"unknown field {by!r}", hint="use np or a column of `forensics throughput`")
+    xs = [_num(values.get(r)) for r in metrics["run"].to_list()]
+    skipped = [r for r, x in zip(metrics["run"].to_list(), xs, strict=True) if x is None]
+    if skipped:
+        notes.append(f"runs without a numeric {by}: {', '.join(skipped)} (left out)")
+    df = metrics.with_columns(pl.Series("x", xs, dtype=pl.Float64)).filter(pl.col("x").is_not_null())
+    table = (
+        df.group_by("x")
+        .agg(pl.len().alias("runs"),
+             pl.col("gen_tok_per_s").mean(),
+             pl.col("req_per_s").mean(),
+             pl.col("latency_p50_s").mean(),
+             pl.col("latency_p90_s").mean(),
+             pl.col("effective_concurrency").mean(),
+             pl.col("peak_busy_slots").max())
+        .sort("x")
+    )
+    thr = table["gen_tok_per_s"].to_list()
+    lat = table["latency_p50_s"].to_list()
+    xv = table["x"].to_list()
+    gain: list[float | None] = [None]
+    lat_step: list[float | None] = [None]
+    for i in range(1, len(xv)):
+        dx = xv[i] - xv[i - 1]
+        gain.append(_per_step(thr[i - 1], thr[i], dx))
+        lat_step.append(_per_step(lat[i - 1], lat[i], dx))
+    table = table.with_columns(pl.Series("throughput_gain_per_step", gain, dtype=pl.Float64),
+                               pl.Series("latency_growth_per_step", lat_step, dtype=pl.Float64))
+    if all(x == int(x) for x in xv):
+        table = table.with_columns(pl.col("x").cast(pl.Int64))
+    if by not in table.columns:
+        table = table.rename({"x": by})
+    fit = fit_line(df["x"].to_list(), df["latency_p50_s"].to_list())
+    knee_x, sentence = knee(xv, gain, lat_step, by=by)
+    return Scaling(by, table, fit, knee_x, sentence, notes)
+
+
+def _per_step(prev: float | None, cur: float | None, dx: float) -> float | None:
+    if prev is None or cur is None or prev == 0 or dx <= 0:
+        return None
+    return (cur / prev - 1) / dx
+
+
+def knee(xs: list[float], gain: list[float | None], lat_step: list[float | None], *,
+         by: str = "np", threshold: float = KNEE_GAIN) -> tuple[float | None, str]:
+    """The knee: the first x after which throughput grows by less than ``threshold`` (relative) per
+    extra unit of x.  ``gain[i]``/``lat_step[i]`` are the relative changes per unit from xs[i-1] to
+    xs[i].  Returns (knee x or None, a sentence)."""
+    label = "np" if by == "np" else by
+    if len(xs) < 2:
+        return None, f"need runs at two or more values of {label} to find a knee"
+    for i in range(1, len(xs)):
+        g = gain[i]
+        if g is not None and g < threshold:
+            lt = lat_step[i]
+            lat_txt = f"{lt * 100:.0f} % latency" if lt is not None else "unknown latency"
+            unit = "slot" if by == "np" else f"unit of {by}"
+            return xs[i - 1], (f"above {label} {_fmt_x(xs[i - 1])} each extra {unit} adds "
+                               f"{g * 100:.0f} % throughput and {lat_txt}")
+    return None, (f"throughput still grows by {threshold * 100:.0f} % or more per step up to {label} "
+                  f"{_fmt_x(xs[-1])}: no knee yet")
+
+
+# ---------------------------------------------------------------------------------------- smoke
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT = {None: 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from "90s", "20m", "1h", "1500ms" or plain seconds ("45", 45)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    m = _DURATION.match(str(text))
+    if not m:
+        raise InputError(f"cannot read duration {text!r}", hint='use e.g. "90s", "20m", "1h", "1500ms" or seconds')
+    unit = m.group(2).lower() if m.group(2) else None
+    return float(m.group(1)) * _UNIT[unit]
+
+
+@dataclass
+class SmokeResult:
+    table: pl.DataFrame
+    passed: bool
+    budgets: dict[str, float]
+
+
+def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_s: float | None = None,
+          max_p95_s: float | None = None) -> SmokeResult:
+    """Check each run against the budgets: total run time (manifest duration when known, else the
+    wall time of its requests), the longest request, and the p95 request latency.  One row per run,
+    side by side: the number and ``pass``/``fail`` per budget, and the run's verdict."""
+    budgets = {k: v for k, v in (("run", max_run_s), ("request", max_request_s), ("p95", max_p95_s))
+               if v is not None}
+    if not budgets:
+        raise InputError("no budget given", hint="pass --max-run, --max-request and/or --max-p95")
+    rows = []
+    all_ok = True
+    for m in metrics.iter_rows(named=True):
+        row: dict[str, Any] = {"run": m["run"], "np": m["np"]}
+        ok = True
+        values = {"run": m["run_s"] if m["run_s"] is not None else m["wall_s"],
+                  "request": m["latency_max_s"], "p95": m["latency_p95_s"]}
+        for name, limit in budgets.items():
+            v = values[name]
+            verdict = "fail" if v is None or v > limit else "pass"
+            ok = ok and verdict == "pass"
+            row[f"{name}_s"] = v
+            row[f"max_{name}_s"] = limit
+            row[f"{name}_verdict"] = verdict
+        row["verdict"] = "PASS" if ok else "FAIL"
+        all_ok = all_ok and ok
+        rows.append(row)
+    schema: dict[str, Any] = {"run": pl.String, "np": pl.Int64}
+    for name in budgets:
+        schema |= {f"{name}_s": pl.Float64, f"max_{name}_s": pl.Float64, f"{name}_verdict": pl.String}
+    schema["verdict"] = pl.String
+    return SmokeResult(pl.DataFrame(rows, schema=schema, orient="row"), all_ok and bool(rows), budgets)
+
+
+# ---------------------------------------------------------------------------------------- classes
+def _findings_module() -> Any:
+    try:
+        from forensics import findings  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return findings
+
+
+def _task_keys(df: Any) -> set[tuple[Any, ...]]:
+    if not isinstance(df, pl.DataFrame) or not {"run", "instance", "slot", "task"} <= set(df.columns):
+        return set()
+    return {tuple(r) for r in df.select("run", "instance", "slot", "task").iter_rows()}
+
+
+def classify_requests(intervals: pl.DataFrame, store: Store | None = None) -> tuple[pl.DataFrame, str]:
+    """Add ``class`` (normal, runaway, dead slot, failed) to ``intervals``.
+
+    Uses the findings module (find_dead_slots / find_runaways, rows keyed by run, instance, slot,
+    task) when it is available and ``store`` is given; otherwise simple rules: a *dead slot* is a
+    run of two or more consecutive failed or ≤ 1-token requests on one slot; *failed* is any other
+    failed request; a *runaway* ended truncated, by a context shift or context limit, or generated
+    more than 8 × its run's median and at least 512 tokens.  Returns (frame, "findings" or "rules").
+    """
+    findings = _findings_module() if store is not None else None
+    if findings is not None and hasattr(findings, "find_dead_slots") and hasattr(findings, "find_runaways"):
+        try:
+            dead = _task_keys(findings.find_dead_slots(store))
+            runaway = _task_keys(findings.find_runaways(store))
+        except Exception:  # a findings failure must not break the charts
+            dead = runaway = set()
+        if dead or runaway:
+            keys = list(zip(*(intervals[c].to_list() for c in ("run", "instance", "slot", "task")), strict=True))
+            cls = ["dead slot" if k in dead else "runaway" if k in runaway else
+                   "failed" if f else "normal" for k, f in zip(keys, intervals["failed"].to_list(), strict=True)]
+            return intervals.with_columns(pl.Series("class", cls, dtype=pl.String)), "findings"
+    return _classify_by_rules(intervals), "rules"
+
+
+def _classify_by_rules(ri: pl.DataFrame) -> pl.DataFrame:
+    bad = pl.col("failed") | (pl.col("gen_tokens").fill_null(0) <= 1)
+    df = ri.with_row_index("_i").sort("run", "instance", "slot", "start_s", "seq")
+    df = df.with_columns(bad.alias("_bad"))
+    df = df.with_columns(
+        (pl.col("_bad") != pl.col("_bad").shift(1).over("run", "instance", "slot")).fill_null(True)
+        .cum_sum().over("run", "instance", "slot").alias("_grp"))
+    df = df.with_columns(pl.len().over("run", "instance", "slot", "_grp").alias("_len"))
+    median = pl.col("gen_tokens").median().over("run")
+    runaway = (pl.col("truncated").fill_null(False) | pl.col("context_shift").fill_null(False)
+               | (pl.col("stop_reason") == "context")
+               | ((pl.col("gen_tokens") > 8 * median) & (pl.col("gen_tokens") >= 512)).fill_null(False))
+    df = df.with_columns(
+        pl.when(pl.col("_bad") & (pl.col("_len") >= 2)).then(pl.lit("dead slot"))
+        .when(pl.col("failed")).then(pl.lit("failed"))
+        .when(runaway).then(pl.lit("runaway"))
+        .otherwise(pl.lit("normal")).alias("class"))
+    return df.sort("_i").drop("_i", "_bad", "_grp", "_len")
+
+
+def busy_over_time(intervals: pl.DataFrame) -> pl.DataFrame:
+    """Busy slots per run and instance as a step function: (run, instance, t_s, busy) after each change."""
+    ri = intervals.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null())
+    edges = pl.concat([
+        ri.select("run", "instance", pl.col("start_s").alias("t_s"), pl.lit(1).alias("d")),
+        ri.select("run", "instance", pl.col("end_s").alias("t_s"), pl.lit(-1).alias("d")),
+    ])
+    return (
+        edges.group_by("run", "instance", "t_s").agg(pl.col("d").sum())
+        .sort("run", "instance", "t_s")
+        .with_columns(pl.col("d").cum_sum().over("run", "instance").cast(pl.Int64).alias("busy"))
+        .drop("d")
+    )
+
+
+def recommended_cap(intervals: pl.DataFrame, store: Store | None = None,
+                    run: str | None = None) -> tuple[int | None, str]:
+    """The output cap to draw: from findings.recommend_cap when available, else a simple rule
+    (p99 of the normal requests' generated tokens × 1.25, rounded up to a multiple of 64)."""
+    findings = _findings_module() if store is not None else None
+    fn = getattr(findings, "recommend_cap", None) if findings is not None else None
+    if fn is not None:
+        try:
+            res = fn(store, run) if run is not None else fn(store)
+            cap = _cap_value(res)
+            if cap is not None:
+                return cap, "findings"
+        except Exception:  # fall back to the simple rule
+            pass
+    if "class" not in intervals.columns:
+        intervals = _classify_by_rules(intervals)
+    normal = intervals.filter((pl.col("class") == "normal") & pl.col("gen_tokens").is_not_null())
+    if normal.height == 0:
+        return None, "rules"
+    p99 = normal["gen_tokens"].cast(pl.Float64).quantile(0.99, interpolation="linear")
+    if p99 is None:
+        return None, "rules"
+    return int(math.ceil(p99 * 1.25 / 64) * 64), "rules"
+
+
+def _cap_value(res: Any) -> int | None:
+    if isinstance(res, (int, float)) and not isinstance(res, bool):
+        return int(res)
+    if isinstance(res, dict):
+        for k in ("cap", "recommended_cap", "max_tokens"):
+            if isinstance(res.get(k), (int, float)):
+                return int(res[k])
+    if isinstance(res, pl.DataFrame) and res.height:
+        for k in ("cap", "recommended_cap", "max_tokens"):
+            if k in res.columns and res[k][0] is not None:
+                return int(res[k][0])
+    for k in ("cap", "recommended_cap", "max_tokens"):
+        v = getattr(res, k, None)
+        if isinstance(v, (int, float)):
+            return int(v)
+    return None

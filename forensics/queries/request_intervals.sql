@@ -1,0 +1,82 @@
+-- request_intervals: one row per request of the chosen runs, placed on the run's clock.
+--
+-- Finds, for every request, its start and end in seconds since the run's first request (start_s,
+-- end_s), its latency, tokens and per-token latency, and whether it failed.  Two sources:
+--   * records (client side, the `attempts` table): used for a run when $source is 'records', or
+--     'auto' and the run has attempts with send times.  Latency = ended_at - started_at.
+--   * server (the `requests` table, from llama-server logs): otherwise.  Latency = total_ms / 1000.
+-- Clock of a server-log run (time_basis), the best its requests all have:
+--   absolute  t_start / t_end (an anchor exists): seconds since the run's first start;
+--   elapsed   elapsed_start_s / elapsed_end_s: seconds since each instance's first start
+--             (instances are aligned at their first request: no common anchor);
+--   order     no time at all: each slot's requests are laid back to back in `seq` order, each
+--             lasting total_ms; every slot starts at 0.  Wall time and everything derived from it
+--             are then estimates.
+--
+-- Parameters: $runs (VARCHAR[]) runs to include; $source ('auto' | 'server' | 'records').
+WITH rec_runs AS (
+    SELECT DISTINCT run FROM attempts
+    WHERE started_at IS NOT NULL AND list_contains($runs, run) AND $source <> 'server'
+),
+srv_raw AS (
+    SELECT r.*,
+           epoch(r.t_start) AS abs_start, epoch(r.t_end) AS abs_end
+    FROM requests r
+    WHERE list_contains($runs, r.run)
+      AND $source <> 'records'
+      AND r.run NOT IN (SELECT run FROM rec_runs)
+),
+srv_basis AS (
+    SELECT run,
+           CASE WHEN bool_and(abs_start IS NOT NULL) THEN 'absolute'
+                WHEN bool_and(elapsed_start_s IS NOT NULL) THEN 'elapsed'
+                ELSE 'order' END AS time_basis
+    FROM srv_raw GROUP BY run
+),
+srv AS (
+    SELECT s.*, b.time_basis,
+           CASE b.time_basis
+               WHEN 'absolute' THEN abs_start - min(abs_start) OVER (PARTITION BY s.run)
+               WHEN 'elapsed' THEN elapsed_start_s - min(elapsed_start_s) OVER (PARTITION BY s.run, s.instance)
+               ELSE coalesce(sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
+                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) / 1000.0
+           END AS start0,
+           CASE b.time_basis
+               WHEN 'absolute' THEN coalesce(abs_end, abs_start + total_ms / 1000.0) - min(abs_start) OVER (PARTITION BY s.run)
+               WHEN 'elapsed' THEN coalesce(elapsed_end_s, elapsed_start_s + total_ms / 1000.0)
+                                   - min(elapsed_start_s) OVER (PARTITION BY s.run, s.instance)
+               ELSE sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) / 1000.0
+           END AS end0
+    FROM srv_raw s JOIN srv_basis b USING (run)
+),
+rec AS (
+    SELECT a.*, epoch(a.started_at) AS abs_start, epoch(a.ended_at) AS abs_end
+    FROM attempts a WHERE a.run IN (SELECT run FROM rec_runs)
+)
+SELECT run, 'server' AS source, time_basis, instance, slot, task, seq,
+       CAST(NULL AS VARCHAR) AS item, CAST(NULL AS VARCHAR) AS stage,
+       prompt_tokens, gen_tokens, gen_ms,
+       total_ms / 1000.0 AS latency_s,
+       CASE WHEN gen_tokens > 1 AND gen_ms IS NOT NULL THEN gen_ms / (gen_tokens - 1) END AS tpot_ms,
+       (error IS NOT NULL OR coalesce(http_status, 200) >= 400 OR stop_reason IN ('error', 'cancelled')) AS failed,
+       stop_reason, truncated, context_shift, n_predict, error,
+       start0 AS start_s, end0 AS end_s, end0 - start0 AS duration_s, line_first
+FROM srv
+UNION ALL
+SELECT run, 'records' AS source, 'absolute' AS time_basis, server AS instance, id_slot AS slot,
+       CAST(NULL AS BIGINT) AS task, attempt AS seq, item, stage,
+       coalesce(tokens_evaluated, prompt_n) AS prompt_tokens,
+       coalesce(tokens_predicted, predicted_n) AS gen_tokens,
+       predicted_ms AS gen_ms,
+       abs_end - abs_start AS latency_s,
+       CASE WHEN coalesce(predicted_n, tokens_predicted) > 1 AND predicted_ms IS NOT NULL
+            THEN predicted_ms / (coalesce(predicted_n, tokens_predicted) - 1) END AS tpot_ms,
+       coalesce(outcome, 'failed') <> 'ok' AS failed,
+       nullif(stop_type, 'none') AS stop_reason,
+       truncated, CAST(NULL AS BOOLEAN) AS context_shift, max_tokens AS n_predict, error,
+       abs_start - min(abs_start) OVER (PARTITION BY run) AS start_s,
+       abs_end - min(abs_start) OVER (PARTITION BY run) AS end_s,
+       abs_end - abs_start AS duration_s, source_line AS line_first
+FROM rec
+ORDER BY run, instance, slot, start_s, seq

@@ -1,0 +1,230 @@
+"""One self-contained HTML report for a run: summary, findings, throughput and charts.
+
+The file works offline: the Vega, Vega-Lite and vega-embed JavaScript is inlined once and every
+chart's data is inline, so the page references no external URL.  Every string that came from a log
+or a record is HTML-escaped (in tables) or JSON-escaped for <script> (in chart specs), so a log line
+holding ``<script>`` stays text.
+
+Findings come from ``forensics.findings`` (dead slots, runaways, the cap, error groups) and
+``forensics.replay`` (missing items) through a small adapter: when a module or function is absent
+the section says "not available" and the rest of the report is still written.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from forensics import metrics
+from forensics.errors import NotFoundError
+from forensics.store import Store
+
+MAX_ROWS = 200
+SECTIONS = ("Summary", "Findings", "Throughput", "Charts")
+
+# (title, module, candidate function names): the first function found is used
+FINDINGS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("Dead slots", "forensics.findings", ("find_dead_slots", "dead_slots")),
+    ("Runaways", "forensics.findings", ("find_runaways", "runaways")),
+    ("Missing items", "forensics.replay", ("find_missing", "missing_items", "missing")),
+    ("Recommended output cap", "forensics.findings", ("recommend_cap", "cap")),
+    ("Error groups", "forensics.findings", ("error_groups",)),
+]
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; } .na { color: #888; font-style: italic; } .note { color: #555; }
+.chart { margin: 1em 0 2em; }
+"""
+
+
+@dataclass
+class ReportResult:
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def _cell(v: Any) -> tuple[str, bool]:
+    if v is None:
+        return "", False
+    if isinstance(v, bool):
+        return ("true" if v else "false"), False
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "", True
+        return (f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"), True
+    if isinstance(v, int):
+        return str(v), True
+    if isinstance(v, datetime):
+        return v.isoformat(timespec="seconds").replace("+00:00", "Z"), False
+    return html.escape(str(v)), False
+
+
+def html_table(df: pl.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
+    """``df`` as an HTML table, every header and cell escaped."""
+    if df.height == 0:
+        return '<p class="na">none</p>'
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    rows = []
+    for row in df.head(max_rows).iter_rows():
+        cells = []
+        for v in row:
+            text, num = _cell(v)
+            cells.append(f'<td class="num">{text}</td>' if num else f"<td>{text}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    more = f'<p class="note">… {df.height - max_rows} more rows</p>' if df.height > max_rows else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+
+
+def _kv_table(row: dict[str, Any]) -> str:
+    return html_table(pl.DataFrame({"metric": list(row), "value": [_cell(v)[0] for v in row.values()]}))
+
+
+def _as_frame(res: Any) -> pl.DataFrame:
+    if isinstance(res, pl.DataFrame):
+        return res
+    if isinstance(res, dict):
+        return pl.DataFrame([{k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+                              for k, v in res.items()}])
+    if isinstance(res, list) and all(isinstance(r, dict) for r in res):
+        return pl.DataFrame(res, infer_schema_length=None)
+    for attr in ("table", "df", "frame"):
+        inner = getattr(res, attr, None)
+        if isinstance(inner, pl.DataFrame):
+            return inner
+    return pl.DataFrame({"value": [str(res)]})
+
+
+def call_finding(module: str, names: tuple[str, ...], store: Store, run: str) -> tuple[pl.DataFrame | None, str]:
+    """Call the first of ``names`` found in ``module`` for ``run``.
+
+    Returns (frame, "") on success, (None, reason) when the module or function is not available or
+    the call failed.  Passes ``run=``/``runs=`` when the function takes it, otherwise filters the
+    result on its ``run`` column."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None, f"not available ({module} is not installed in this build)"
+    fn: Callable[..., Any] | None = next((getattr(mod, n) for n in names if callable(getattr(mod, n, None))), None)
+    if fn is None:
+        return None, f"not available ({module} has no {' / '.join(names)})"
+    try:
+        params = inspect.signature(fn).parameters
+        if "run" in params:
+            res = fn(store, run=run)
+        elif "runs" in params:
+            res = fn(store, runs=[run])
+        else:
+            res = fn(store)
+    except Exception as exc:  # a finding's failure must not lose the rest of the report
+        return None, f"failed: {type(exc).__name__}: {exc}"
+    df = _as_frame(res)
+    if "run" in df.columns:
+        df = df.filter(pl.col("run") == run)
+    return df, ""
+
+
+def build_report(store: Store, run: str) -> tuple[str, list[str]]:
+    """The report's HTML for ``run`` and notes (what was not available)."""
+    from forensics import charts  # altair only here, when a report is asked for
+
+    runs = metrics.all_runs(store)
+    if run not in runs:
+        raise NotFoundError(f"no run {run!r} in the store", hint=f"runs: {', '.join(runs) or 'none'}")
+    notes: list[str] = []
+    esc = html.escape
+    m_all = metrics.throughput(store, runs)
+    m_run = m_all.filter(pl.col("run") == run)
+    has_server = charts.has_server_requests(store, [run])
+    ri = metrics.request_intervals(store, [run], source="server" if has_server else "auto")
+    ri, cls_source = metrics.classify_requests(ri, store)
+    cap, cap_source = metrics.recommended_cap(ri, store, run)
+
+    parts: list[str] = []
+    # ---- summary
+    parts.append('<h2 id="summary">Summary</h2>')
+    if m_run.height:
+        row = m_run.row(0, named=True)
+        if row["estimated"]:
+            parts.append('<p class="note">This run has no timestamps: wall time, rates, effective concurrency and '
+                         "peak busy slots are estimates from request order.</p>")
+        parts.append(_kv_table(row))
+    else:
+        parts.append('<p class="na">no requests for this run</p>')
+    counts = ri.group_by("class").agg(pl.len().alias("requests")).sort("class")
+    parts.append(f"<p>Requests by class ({'findings module' if cls_source == 'findings' else 'simple rules'}):</p>")
+    parts.append(html_table(counts))
+    # ---- findings
+    parts.append('<h2 id="findings">Findings</h2>')
+    for title, module, names in FINDINGS:
+        parts.append(f"<h3>{esc(title)}</h3>")
+        df, reason = call_finding(module, names, store, run)
+        if df is None:
+            parts.append(f'<p class="na">{esc(reason)}</p>')
+            notes.append(f"{title.lower()}: {reason}")
+            if title.startswith("Recommended") and cap is not None and cap_source == "rules":
+                parts.append(f"<p>Simple rule instead (p99 of normal requests' generated tokens × 1.25, "
+                             f"rounded up to 64): <b>{cap}</b> tokens.</p>")
+        else:
+            parts.append(html_table(df))
+    failed = ri.filter(pl.col("failed")).select(
+        [c for c in ("instance", "slot", "task", "item", "stage", "start_s", "stop_reason", "error") if c in ri.columns])
+    parts.append("<h3>Failed requests</h3>")
+    parts.append(html_table(failed))
+    # ---- throughput
+    parts.append('<h2 id="throughput">Throughput</h2>')
+    parts.append("<p>All runs in the store, one row per run:</p>")
+    parts.append(html_table(m_all))
+    sc = metrics.scaling(m_all, by="np")
+    parts.append("<p>Against np:</p>")
+    parts.append(html_table(sc.table))
+    if sc.fit is not None:
+        parts.append(f"<p>Fit: latency_p50_s = {sc.fit.a:.3f} + {sc.fit.b:.3f} × np "
+                     f"(b is the seconds one more concurrent request adds; {sc.fit.n} runs).</p>")
+    parts.append(f"<p><b>{esc(sc.sentence)}</b></p>")
+    # ---- charts
+    parts.append('<h2 id="charts">Charts</h2>')
+    chart_list: list[tuple[str, Any]] = [
+        ("timeline", charts.timeline_chart(ri)),
+        ("busy", charts.busy_chart(ri)),
+        ("tokens", charts.tokens_chart(ri, cap, cap_source="simple rule" if cap_source == "rules" else "")),
+    ]
+    if sc.table.height >= 1:
+        chart_list += [("throughput", charts.throughput_chart(sc)), ("latency", charts.latency_chart(sc))]
+    for name, c in chart_list:
+        parts.append(charts.embed_div(c, f"chart-{name}"))
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    nav = " · ".join(f'<a href="#{s.lower()}">{s}</a>' for s in SECTIONS)
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>forensics report: {esc(run)}</title>\n<style>{CSS}</style>\n"
+        f"<script>{charts.javascript_bundle()}</script>\n</head><body>\n"
+        f"<h1>Run {esc(run)}</h1>\n<p class=\"note\">llama-forensics report, written {now}. {nav}</p>\n"
+        + "\n".join(parts) + "\n</body></html>\n"
+    )
+    return page, notes
+
+
+def write_report(store: Store, run: str, path: Path | str) -> ReportResult:
+    """Write the report for ``run`` to ``path`` (one HTML file that works offline)."""
+    page, notes = build_report(store, run)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return ReportResult(path, notes)
