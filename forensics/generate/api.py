@@ -111,7 +111,7 @@ def _truth(df: pl.DataFrame, sc: Scenario) -> pl.DataFrame:
     l0 = C("server").replace_strict({k: v for k, v in launch.items()}, return_dtype=pl.Datetime("us", "UTC"))
     return df.select(
         C("run"), C("server").alias("instance"), C("path"), C("slot"), C("task"), C("seq"), C("item"), C("stage"),
-        C("attempt"), C("prompt_logged").alias("prompt_tokens"),
+        C("attempt"), C("prompt").alias("prompt_tokens"),  # as requested (the new prompt line), before truncation
         pl.when(C("error_kind") == "context").then(None).otherwise(C("eval")).alias("prompt_eval_tokens"),
         pl.when(C("error_kind") == "context").then(None).otherwise(C("cached")).alias("cached_tokens"),
         C("gen").alias("gen_tokens"),
@@ -207,11 +207,13 @@ def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_of
 
 
 def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,
-             requests: int | None = None, size: int | str | None = None) -> GeneratedRun:
+             requests: int | None = None, size: int | str | None = None, first_tile: int = 0) -> GeneratedRun:
     """Simulate ``scenario`` and write its logs, replay records and ground truth under ``out_dir``.
 
     ``requests``/``size``: repeat the scenario's runs (shifted in time, renamed ``<run>-NNNN``) until at least that
     many slot requests / log bytes are written.  Same seed, same arguments → byte-identical files.
+    ``first_tile`` > 0 writes the continuation of such a repeated log (no startup banner): its bytes appended to
+    the log written with the same seed show the server kept running (used to benchmark appended tails).
     """
     wrapper = wrapper or "none"
     if fmt not in W.ERAS:
@@ -258,7 +260,7 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
     pids = {s.name: 2000 + 1000 * k + (seed % 997) for k, s in enumerate(scenario.servers)}
     try:
         # banners
-        for spec in scenario.servers:
+        for spec in scenario.servers if first_tile == 0 else ():
             info = _server_info(spec)
             b = W.banner(fmt, info)
             bl = pl.DataFrame({"t": [x[0] for x in b], "k": list(range(-len(b) - 1000, -1000)), "lvl": [x[1] for x in b],
@@ -270,7 +272,7 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
                                       scenario, spec, pids[spec.name], head=True))
             written[spec.name] += W.write_lines([_sort(frames)], handles[spec.name])
         per_tile = max(len(df), 1)
-        i = 0
+        i = first_tile
         batch_tiles = 1
         while True:
             tiles = list(range(i, i + batch_tiles))
@@ -311,7 +313,7 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
             if size_b is not None and total >= size_b:
                 break
             # grow batches so each formatting call handles about 64 MB
-            per = total / max(i, 1)
+            per = total / max(i - first_tile, 1)
             left = math.inf if size_b is None else (size_b - total) / per
             if requests is not None:
                 left = min(left, (requests - n_req) / per_tile)
@@ -322,7 +324,8 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
         tfh.close()
     return GeneratedRun(out_dir=out, logs=[logs_dir / paths[s.name] for s in scenario.servers], manifests=manifests,
                         attempts=attempt_files, truth_path=truth_path, truth=first_truth, requests=n_req,
-                        bytes_written=sum(written.values()), fmt=fmt, wrapper=wrapper)
+                        bytes_written=sum(written.values()), fmt=fmt, wrapper=wrapper,
+                        extra={"tiles_end": i, "requests_per_tile": len(df)})
 
 
 def _ndjson(df: pl.DataFrame) -> bytes:
