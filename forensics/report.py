@@ -43,6 +43,7 @@ FINDINGS: list[tuple[str, str, tuple[str, ...]]] = [
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+.wrap { overflow-x: auto; }
 table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -86,7 +87,8 @@ def html_table(df: pl.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
             cells.append(f'<td class="num">{text}</td>' if num else f"<td>{text}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     more = f'<p class="note">… {df.height - max_rows} more rows</p>' if df.height > max_rows else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+    return (f'<div class="wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+            f"{more}")
 
 
 def _kv_table(row: dict[str, Any]) -> str:
