@@ -327,7 +327,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         return df
     gen = pl.coalesce("gen_tokens", "gen_progress")
     df = df.with_columns(
+        # an `input truncated` prompt is what the slot held and evaluated; the `new prompt` length before it
+        # would count the dropped tokens as cached
         pl.coalesce(
+            "truncated_prompt_tokens",
             "prompt_tokens",
             "prompt_tokens_alt",
             pl.col("cached_explicit") + pl.col("prompt_eval_tokens"),

@@ -30,6 +30,8 @@ EXPECTED_FORMAT = {
     "era2-logtee": "llama-2023-json",
     "era3-json": "llama-2024-json",
     "era3-text": "llama-2024-text",
+    "era4-": "llama-common",
+    "era5-": "llama-common",
 }
 
 
