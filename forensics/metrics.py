@@ -15,6 +15,8 @@ Everything here is plain polars and DuckDB: no click, no altair.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import math
 import re
@@ -319,12 +321,28 @@ def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_
 
 
 # ---------------------------------------------------------------------------------------- classes
-def _findings_module() -> Any:
+def call_optional(module: str, names: tuple[str, ...], store: Store, run: str | None = None) -> tuple[Any, str]:
+    """Call the first of ``names`` found in ``module`` (another developer's findings) for ``run``.
+
+    Returns (result, "") on success and (None, reason) when the module or function is not available
+    or the call failed.  Passes ``run=``/``runs=`` when the function takes it; the caller filters
+    frames on their ``run`` column otherwise."""
     try:
-        from forensics import findings  # type: ignore[attr-defined]
+        mod = importlib.import_module(module)
     except ImportError:
-        return None
-    return findings
+        return None, f"not available ({module} is not installed in this build)"
+    fn = next((getattr(mod, n) for n in names if callable(getattr(mod, n, None))), None)
+    if fn is None:
+        return None, f"not available ({module} has no {' / '.join(names)})"
+    try:
+        params = inspect.signature(fn).parameters
+        if run is not None and "run" in params:
+            return fn(store, run=run), ""
+        if run is not None and "runs" in params:
+            return fn(store, runs=[run]), ""
+        return fn(store), ""
+    except Exception as exc:  # another module's failure must not break ours
+        return None, f"failed: {type(exc).__name__}: {exc}"
 
 
 def _task_keys(df: Any) -> set[tuple[Any, ...]]:
@@ -342,13 +360,12 @@ def classify_requests(intervals: pl.DataFrame, store: Store | None = None) -> tu
     failed request; a *runaway* ended truncated, by a context shift or context limit, or generated
     more than 8 × its run's median and at least 512 tokens.  Returns (frame, "findings" or "rules").
     """
-    findings = _findings_module() if store is not None else None
-    if findings is not None and hasattr(findings, "find_dead_slots") and hasattr(findings, "find_runaways"):
-        try:
-            dead = _task_keys(findings.find_dead_slots(store))
-            runaway = _task_keys(findings.find_runaways(store))
-        except Exception:  # a findings failure must not break the charts
-            dead = runaway = set()
+    if store is not None:
+        runs = intervals["run"].unique().to_list()
+        run = runs[0] if len(runs) == 1 else None
+        dead_res, _ = call_optional("forensics.findings", ("find_dead_slots",), store, run)
+        run_res, _ = call_optional("forensics.findings", ("find_runaways",), store, run)
+        dead, runaway = _task_keys(dead_res), _task_keys(run_res)
         if dead or runaway:
             keys = list(zip(*(intervals[c].to_list() for c in ("run", "instance", "slot", "task")), strict=True))
             cls = ["dead slot" if k in dead else "runaway" if k in runaway else
@@ -396,16 +413,13 @@ def recommended_cap(intervals: pl.DataFrame, store: Store | None = None,
                     run: str | None = None) -> tuple[int | None, str]:
     """The output cap to draw: from findings.recommend_cap when available, else a simple rule
     (p99 of the normal requests' generated tokens × 1.25, rounded up to a multiple of 64)."""
-    findings = _findings_module() if store is not None else None
-    fn = getattr(findings, "recommend_cap", None) if findings is not None else None
-    if fn is not None:
-        try:
-            res = fn(store, run) if run is not None else fn(store)
-            cap = _cap_value(res)
-            if cap is not None:
-                return cap, "findings"
-        except Exception:  # fall back to the simple rule
-            pass
+    if store is not None:
+        res, _ = call_optional("forensics.findings", ("recommend_cap",), store, run)
+        if isinstance(res, pl.DataFrame) and run is not None and "run" in res.columns:
+            res = res.filter(pl.col("run") == run)
+        cap = _cap_value(res) if res is not None else None
+        if cap is not None:
+            return cap, "findings"
     if "class" not in intervals.columns:
         intervals = _classify_by_rules(intervals)
     normal = intervals.filter((pl.col("class") == "normal") & pl.col("gen_tokens").is_not_null())

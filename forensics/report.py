@@ -13,10 +13,7 @@ the section says "not available" and the rest of the report is still written.
 from __future__ import annotations
 
 import html
-import importlib
-import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -111,28 +108,10 @@ def _as_frame(res: Any) -> pl.DataFrame:
 
 
 def call_finding(module: str, names: tuple[str, ...], store: Store, run: str) -> tuple[pl.DataFrame | None, str]:
-    """Call the first of ``names`` found in ``module`` for ``run``.
-
-    Returns (frame, "") on success, (None, reason) when the module or function is not available or
-    the call failed.  Passes ``run=``/``runs=`` when the function takes it, otherwise filters the
-    result on its ``run`` column."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return None, f"not available ({module} is not installed in this build)"
-    fn: Callable[..., Any] | None = next((getattr(mod, n) for n in names if callable(getattr(mod, n, None))), None)
-    if fn is None:
-        return None, f"not available ({module} has no {' / '.join(names)})"
-    try:
-        params = inspect.signature(fn).parameters
-        if "run" in params:
-            res = fn(store, run=run)
-        elif "runs" in params:
-            res = fn(store, runs=[run])
-        else:
-            res = fn(store)
-    except Exception as exc:  # a finding's failure must not lose the rest of the report
-        return None, f"failed: {type(exc).__name__}: {exc}"
+    """A finding for ``run`` as a frame, or (None, why not) when it is not available."""
+    res, reason = metrics.call_optional(module, names, store, run)
+    if reason:
+        return None, reason
     df = _as_frame(res)
     if "run" in df.columns:
         df = df.filter(pl.col("run") == run)

@@ -1,0 +1,89 @@
+"""Every chart kind renders to offline HTML, PNG and SVG; request classes follow the simple rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from forensics import charts, metrics
+from forensics.cli import cli
+from forensics.store import Store
+from tests.throughput_helpers import basic_store, req, sweep_store, write
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("charts")
+    basic_store(base / "basic")
+    sweep_store(base / "sweep", [(1, 10.0, 100), (2, 11.0, 100), (4, 13.0, 100)])
+    return base / "basic", base / "sweep"
+
+
+@pytest.mark.parametrize("kind", charts.KINDS)
+def test_every_kind_renders_html_and_png(kind: str, stores: tuple[Path, Path], tmp_path: Path) -> None:
+    store_dir = stores[1] if kind in {"throughput", "latency"} else stores[0]
+    runner = CliRunner()
+    for ext in ("html", "png"):
+        out = tmp_path / f"{kind}.{ext}"
+        res = runner.invoke(cli, ["chart", kind, "--store", str(store_dir), "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        assert res.stderr == f"chart: {kind} written to {out}\n"
+    page = (tmp_path / f"{kind}.html").read_text(encoding="utf-8")
+    assert "vegaEmbed(" in page and "window.vegaEmbed=" in page  # the library is inline
+    assert not re.search(r"""(src|href)\s*=\s*["']?https?://""", page)
+    assert (tmp_path / f"{kind}.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / f"{kind}.png").stat().st_size > 5000  # not an empty canvas
+
+
+def test_svg_and_spec_and_bad_extension(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    c = charts.build(pl_store(stores[0]), "timeline", ["abs"])
+    svg = charts.save(c, tmp_path / "t.svg").read_text(encoding="utf-8")
+    assert svg.startswith("<svg") and "abs server slot 1" in svg
+    assert '"mark"' in charts.save(c, tmp_path / "t.json").read_text(encoding="utf-8")
+    res = CliRunner().invoke(cli, ["chart", "busy", "--store", str(stores[0]), "-o", str(tmp_path / "x.gif")])
+    assert res.exit_code != 0
+    assert "cannot write a chart as .gif" in str(res.exception)
+
+
+def pl_store(path: Path) -> Store:
+    return Store(path)
+
+
+def test_script_json_cannot_close_the_script() -> None:
+    text = charts.script_json({"item": "</script><script>alert(1)</script>"})
+    assert "</script" not in text and "<" not in text
+    assert text == '{"item": "\\u003c/script\\u003e\\u003cscript\\u003ealert(1)\\u003c/script\\u003e"}'
+
+
+def test_simple_rules_classify_dead_slot_runaway_failed(store_dir: Path) -> None:
+    rows = [
+        req("r", 0, 1, 1, 0, 1, 1000, 100, 900, 10),
+        req("r", 0, 2, 2, 1, 2, 1000, 0, 0, 10, http_status=500, error="boom"),
+        req("r", 0, 3, 3, 2, 3, 1000, 1, 10, 10),  # second bad request in a row on slot 0: dead slot
+        req("r", 1, 1, 4, 0, 9, 9000, 4000, 8900, 10),  # > 8 x median (100) and >= 512: runaway
+        req("r", 1, 2, 5, 9, 10, 1000, 90, 900, 10, truncated=True),  # truncated: runaway
+        req("r", 2, 1, 6, 0, 1, 1000, 0, 0, 10, error="once"),  # a lone failure
+        req("r", 2, 2, 7, 1, 2, 1000, 120, 900, 10),
+    ]
+    ri = metrics.request_intervals(write(store_dir, {"requests": rows}), ["r"])
+    out, how = metrics.classify_requests(ri)
+    assert how == "rules"
+    got = dict(zip(out["task"].to_list(), out["class"].to_list(), strict=True))
+    assert got == {1: "normal", 2: "dead slot", 3: "dead slot", 4: "runaway", 5: "runaway", 6: "failed",
+                   7: "normal"}
+    # the simple cap: p99 of normal tokens (100, 120) = 119.8 x 1.25 = 149.75 -> 192
+    assert metrics.recommended_cap(out) == (192, "rules")
+
+
+def test_busy_over_time_steps(store_dir: Path) -> None:
+    ri = metrics.request_intervals(basic_store(store_dir), ["abs"])
+    b = metrics.busy_over_time(ri)
+    assert isinstance(b, pl.DataFrame)
+    # starts 0, 2, 8, 10; ends 8, 10, 16, 20
+    assert b.select("t_s", "busy").rows() == [(0.0, 1), (2.0, 2), (8.0, 2), (10.0, 2), (16.0, 1), (20.0, 0)]

@@ -1,0 +1,119 @@
+"""The one-file report: every section, no external URL, log strings escaped, findings adapter,
+and (when chromium is installed) charts that really render."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from forensics import report
+from forensics.cli import cli
+from tests.throughput_helpers import basic_store
+
+EXTERNAL = re.compile(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("report")
+    basic_store(base / "store")
+    out = base / "report.html"
+    res = CliRunner().invoke(cli, ["report", "rec", "--store", str(base / "store"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.splitlines()[-1] == f"report: written to {out}"
+    return out
+
+
+def test_report_has_every_section(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    for anchor in ("summary", "findings", "throughput", "charts"):
+        assert f'<h2 id="{anchor}">' in text
+    for title in ("Dead slots", "Runaways", "Missing items", "Recommended output cap", "Failed requests"):
+        assert f"<h3>{title}</h3>" in text
+    for chart in ("timeline", "busy", "tokens", "throughput", "latency"):
+        assert f'<div id="chart-{chart}" class="chart">' in text
+
+
+def test_report_references_no_external_url(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert not EXTERNAL.search(text)
+    embeds = re.findall(r'vegaEmbed\("#chart-[a-z]+", (.*)\)\.catch', text)
+    assert len(embeds) == 5
+    assert not any("http" in e for e in embeds)  # the specs carry no $schema URL and no data URL
+    assert text.count("window.vegaEmbed=") == 1  # the library inlined once
+
+
+def test_log_strings_are_escaped(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert "<script>alert(1)" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text  # the failed request's error, as text
+    assert "\\u003cscript\\u003ealert(1)" in text  # the same string inside a chart's data
+
+
+def test_missing_findings_modules_say_not_available(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    if "forensics.replay" not in sys.modules and _absent("forensics.replay"):
+        assert "not available (forensics.replay is not installed in this build)" in text
+
+
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def test_findings_adapter_uses_the_module_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("forensics.findings")
+
+    def find_dead_slots(store: object) -> pl.DataFrame:
+        return pl.DataFrame({"run": ["abs", "other"], "instance": ["server", "x"], "slot": [1, 0], "task": [4, 9],
+                             "signature": ["<b>500</b>", "no"]})
+
+    def find_runaways(store: object, run: str) -> pl.DataFrame:
+        return pl.DataFrame({"run": [run], "instance": ["server"], "slot": [0], "task": [1]})
+
+    def recommend_cap(store: object, run: str) -> dict:
+        return {"cap": 300, "truncated_items": 1}
+
+    fake.find_dead_slots, fake.find_runaways, fake.recommend_cap = find_dead_slots, find_runaways, recommend_cap
+    monkeypatch.setitem(sys.modules, "forensics.findings", fake)
+    store = basic_store(tmp_path / "store")
+    res = report.write_report(store, "abs", tmp_path / "r.html")
+    text = res.path.read_text(encoding="utf-8")
+    assert "&lt;b&gt;500&lt;/b&gt;" in text and ">other<" not in text  # filtered to the run, escaped
+    assert "Requests by class (findings module)" in text
+    assert "<td>dead slot</td>" in text and "<td>runaway</td>" in text
+    assert '"cap": 300' in text  # drawn as the rule on the tokens chart
+    assert [n for n in res.notes if n.startswith(("dead slots", "runaways", "recommended"))] == []
+
+
+def test_unknown_run(tmp_path: Path) -> None:
+    basic_store(tmp_path / "store")
+    res = CliRunner().invoke(cli, ["report", "nope", "--store", str(tmp_path / "store"), "-o",
+                                   str(tmp_path / "r.html")])
+    assert res.exit_code != 0 and "no run 'nope'" in str(res.exception)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_report_renders_charts_in_headless_chromium(page: Path, tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
+           page.resolve().as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=True).stdout
+    for chart in ("timeline", "busy", "tokens", "throughput", "latency"):
+        m = re.search(rf'<div id="chart-{chart}" class="chart[^"]*"[^>]*>\s*<(svg|canvas)', dom)
+        assert m, f"chart {chart} was not drawn"
+    assert "chart failed: " + "Error" not in dom
