@@ -1,0 +1,19 @@
+-- cap: the requests an output-token cap is chosen from, with what a cap would do to each.
+--
+-- One row per request of the chosen runs that has gen_tokens: its stage (via matches; null when
+-- unknown), whether it is a runaway (in fx_runaways) or normal (clean and not a runaway), its
+-- generation time per token (to estimate seconds saved by a lower cap), its prompt size, the slot's
+-- context and the cap in force (n_predict; -1 or null = none).  findings.py computes the recommended
+-- cap and the what-if table from these rows.
+-- Parameters: $runs VARCHAR[].  Relations: fx_requests, fx_runaways.
+SELECT r.run, r.instance, r.slot, r.task, r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
+       r.n_predict,
+       x.task IS NOT NULL AS runaway,
+       (r.clean AND x.task IS NULL) AS normal,
+       coalesce(r.gen_ms / nullif(r.gen_tokens, 0),
+                r.seconds * 1000.0 / nullif(r.gen_tokens, 0)) AS ms_per_token
+FROM fx_requests r
+LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaways) x
+       ON x.run = r.run AND x.instance = r.instance AND x.slot = r.slot AND x.task = r.task
+WHERE list_contains($runs, r.run) AND r.gen_tokens IS NOT NULL
+ORDER BY r.run, r.instance, r.slot, r.seq

@@ -1,0 +1,71 @@
+-- deadslots: every request of the chosen runs in slot order, with whether it was abnormal and why.
+--
+-- findings.py turns this sequence into verdicts: a slot is dead from the first of two consecutive
+-- abnormal requests on it.  A request is abnormal when (reasons listed in `why`):
+--   runaway     it is in fx_runaways (the rows of runaways.sql)
+--   long        seconds > $long_factor x the 0.9 quantile of seconds over the clean requests of its
+--               baseline group, and seconds >= $min_seconds
+--   slow        ms per generated token > $slow_factor x the group's median (2 or more tokens)
+--   few_tokens  gen_tokens <= $few_tokens, no error, where the group's median is >= $few_normal tokens
+--   same_error  it failed (error text, HTTP >= 500 or stop_reason 'error'; HTTP 4xx excluded: those are
+--               the client's fault) with the same error shape as the slot's previous or next request
+-- Baseline group: run and stage when stages are known, else run and instance; the whole run when the
+-- group has fewer than $min_group clean requests.
+-- Parameters: $runs VARCHAR[], $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE,
+--   $few_tokens BIGINT, $few_normal DOUBLE, $min_group BIGINT.
+-- Relations: fx_requests, fx_runaways (run, instance, slot, task).
+WITH req AS (
+    SELECT * FROM fx_requests WHERE list_contains($runs, run)
+),
+grp AS (
+    SELECT run, bgroup, count(*) AS n,
+           quantile_cont(seconds, 0.9) AS sec_q, median(tpot_ms) AS tpot_med, median(gen_tokens) AS gen_med
+    FROM req WHERE clean GROUP BY run, bgroup
+),
+whole AS (
+    SELECT run, quantile_cont(seconds, 0.9) AS sec_q, median(tpot_ms) AS tpot_med,
+           median(gen_tokens) AS gen_med
+    FROM req WHERE clean GROUP BY run
+),
+base AS (
+    SELECT r.*,
+           CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.sec_q ELSE w.sec_q END AS sec_q,
+           CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.tpot_med ELSE w.tpot_med END AS tpot_med,
+           CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.gen_med ELSE w.gen_med END AS gen_med,
+           (r.error IS NOT NULL OR coalesce(r.http_status >= 500, false) OR coalesce(r.stop_reason = 'error', false))
+           AND NOT coalesce(r.http_status BETWEEN 400 AND 499, false) AS failed,
+           coalesce(r.err_shape, 'HTTP ' || r.http_status, r.stop_reason) AS fail_shape
+    FROM req r
+    LEFT JOIN grp g USING (run, bgroup)
+    LEFT JOIN whole w USING (run)
+),
+seqd AS (
+    SELECT b.*,
+           lag(CASE WHEN b.failed THEN b.fail_shape END) OVER w_slot AS prev_fail,
+           lead(CASE WHEN b.failed THEN b.fail_shape END) OVER w_slot AS next_fail,
+           x.task IS NOT NULL AS f_runaway
+    FROM base b
+    LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaways) x
+           ON x.run = b.run AND x.instance = b.instance AND x.slot = b.slot AND x.task = b.task
+    WINDOW w_slot AS (PARTITION BY b.run, b.instance, b.slot ORDER BY b.seq, b.line_first)
+),
+flags AS (
+    SELECT *,
+           coalesce(seconds > $long_factor * sec_q AND seconds >= $min_seconds, false) AS f_long,
+           coalesce(tpot_ms > $slow_factor * tpot_med, false) AS f_slow,
+           coalesce(gen_tokens <= $few_tokens AND NOT failed AND gen_med >= $few_normal, false) AS f_few,
+           coalesce(failed AND (fail_shape = prev_fail OR fail_shape = next_fail), false) AS f_error
+    FROM seqd
+)
+SELECT run, instance, slot, seq, task, item, stage, gen_tokens, round(seconds, 3) AS seconds,
+       stop_reason, http_status,
+       (f_runaway OR f_long OR f_slow OR f_few OR f_error) AS abnormal,
+       concat_ws(',',
+           CASE WHEN f_runaway THEN 'runaway' END,
+           CASE WHEN f_long THEN 'long' END,
+           CASE WHEN f_slow THEN 'slow' END,
+           CASE WHEN f_few THEN 'few_tokens' END,
+           CASE WHEN f_error THEN 'same_error' END) AS why,
+       t_start, elapsed_start_s, path, line_first, line_last
+FROM flags
+ORDER BY run, instance, slot, seq, line_first

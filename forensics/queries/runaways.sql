@@ -1,0 +1,84 @@
+-- runaways: requests whose output ran away.
+--
+-- A request counts when one of these holds (all that hold are listed in `why`):
+--   tokens           gen_tokens >= $min_tokens and gen_tokens > $factor x the $quantile quantile of
+--                    gen_tokens over the clean requests of its baseline group (run and stage when stages
+--                    are known, else run and instance; the whole run when the group has fewer than
+--                    $min_group clean requests)
+--   context          truncated, a context shift, stop_reason 'context', or n_past_end >= the slot's
+--                    context - $ctx_slack
+--   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
+--   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
+-- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
+--   slot_next_http_500 / slot_next_error (the slot's next request got HTTP >= 500 / an error),
+--   item_next_context_error (the item's next request, via matches, failed with a context-size error).
+-- Parameters: $runs VARCHAR[], $factor DOUBLE, $quantile DOUBLE, $min_tokens BIGINT, $min_group BIGINT,
+--   $ctx_slack BIGINT.  Relations: fx_requests, fx_events, fx_degenerate.
+WITH req AS (
+    SELECT * FROM fx_requests WHERE list_contains($runs, run)
+),
+grp AS (
+    SELECT run, bgroup, count(*) AS n,
+           quantile_cont(gen_tokens, $quantile) AS q
+    FROM req WHERE clean GROUP BY run, bgroup
+),
+whole AS (
+    SELECT run, quantile_cont(gen_tokens, $quantile) AS q FROM req WHERE clean GROUP BY run
+),
+base AS (
+    SELECT r.*,
+           CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.q ELSE w.q END AS normal_q
+    FROM req r
+    LEFT JOIN grp g USING (run, bgroup)
+    LEFT JOIN whole w USING (run)
+),
+cap_ev AS (
+    SELECT DISTINCT run, instance, task FROM fx_events WHERE kind = 'n_ctx_train_cap' AND task IS NOT NULL
+),
+cancel_ev AS (
+    SELECT DISTINCT run, instance, task FROM fx_events WHERE kind = 'cancel' AND task IS NOT NULL
+),
+flags AS (
+    SELECT b.*,
+           (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
+            AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
+           (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
+            OR coalesce(b.stop_reason = 'context', false)
+            OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false)) AS f_context,
+           c.task IS NOT NULL AS f_cap,
+           coalesce(d.degenerate, false) AS f_rep,
+           (k.task IS NOT NULL OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled,
+           lead(b.http_status) OVER w_slot AS next_status,
+           lead(b.error) OVER w_slot AS next_error
+    FROM base b
+    LEFT JOIN cap_ev c ON c.run = b.run AND c.instance = b.instance AND c.task = b.task
+    LEFT JOIN cancel_ev k ON k.run = b.run AND k.instance = b.instance AND k.task = b.task
+    LEFT JOIN fx_degenerate d ON d.run = b.run AND d.instance = b.instance AND d.slot = b.slot AND d.task = b.task
+    WINDOW w_slot AS (PARTITION BY b.run, b.instance, b.slot ORDER BY b.seq, b.line_first)
+),
+item_next AS (
+    SELECT run, instance, slot, task,
+           lead(error) OVER (PARTITION BY run, item ORDER BY start_key, instance, line_first) AS item_next_error
+    FROM req WHERE item IS NOT NULL
+)
+SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
+       round(f.seconds, 3) AS seconds,
+       concat_ws(',',
+           CASE WHEN f.f_tokens THEN 'tokens' END,
+           CASE WHEN f.f_context THEN 'context' END,
+           CASE WHEN f.f_cap THEN 'n_ctx_train_cap' END,
+           CASE WHEN f.f_rep THEN 'repetition' END) AS why,
+       CAST(round(f.normal_q) AS BIGINT) AS normal_tokens,
+       f.line_first || '-' || f.line_last AS evidence,
+       nullif(concat_ws(',',
+           CASE WHEN f.cancelled THEN 'cancel' END,
+           CASE WHEN f.next_status >= 500 THEN 'slot_next_http_' || f.next_status
+                WHEN f.next_error IS NOT NULL THEN 'slot_next_error' END,
+           CASE WHEN regexp_matches(lower(n.item_next_error),
+                                    'context (size|length|window)|exceeds the available context|kv cache is full')
+                THEN 'item_next_context_error' END), '') AS followed_by,
+       f.path, f.line_first, f.line_last
+FROM flags f
+LEFT JOIN item_next n ON n.run = f.run AND n.instance = f.instance AND n.slot = f.slot AND n.task = f.task
+WHERE f.f_tokens OR f.f_context OR f.f_cap OR f.f_rep
+ORDER BY f.run, f.instance, f.slot, f.seq, f.line_first
