@@ -212,7 +212,7 @@ class Ingestor:
                 status = "replaced" if prev.get("run") == run else "ingested"
             self._drop_file_parts(fid)
             if status == "appended":
-                self._keep_prior_parts(fid, keep=("events", "unparsed"))
+                self._keep_prior_parts(fid, keep=("events", "unparsed", "requests"))
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
                     total_bytes, done_bytes)
 
@@ -257,12 +257,19 @@ class Ingestor:
         engine = Engine(fmt)
         carry = Carry(last_kind=(prev or {}).get("last_kind"))
         astate = assemble.AssembleState()
+        saved: dict[str, pl.DataFrame] = {}
         if prev:
             for k, v in (prev.get("keys") or {}).items():
                 astate.keys[int(k)] = assemble.KeyState(**v)
-            for name, target in (("_partials", astate.partials), ("_http", astate.http)):
-                for rel in self._dropped.get(name, []):
-                    target.append(pl.read_parquet(self.store.root / rel))
+            for name in ("_partials", "_http"):
+                frames = [pl.read_parquet(self.store.root / rel) for rel in self._dropped.get(name, [])]
+                saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+        builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
+                                          seq=(prev or {}).get("seq"))
+        req_counts: Counter = Counter({tuple(map(int, k.split("/"))): v
+                                       for k, v in ((prev or {}).get("req_counts") or {}).items()})
+        n_requests = prev.get("requests", 0) if prev else 0
+        label = self._label(path, run)
         skipped: Counter = Counter(json.loads(prev["skipped_by_kind"]) if prev else {})
         lines = prev["lines_total"] if prev else 0
         parsed = prev["lines_parsed"] if prev else 0
@@ -306,11 +313,11 @@ class Ingestor:
             ev = assemble.assign_instances(ev, fmt, astate)
             ev = assemble.inherit_slots(ev, fmt, astate)
             part, http = assemble.partial_requests(ev)
-            if part.height:
-                astate.partials.append(part)
-            if http.height:
-                astate.http.append(http)
             inst_rows.append(self._instance_facts(ev))
+            final = builder.add(part, http, chunk.first_line_no + len(chunk.lines) - 1)
+            if final.height:
+                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                                                   f"{start_line:012d}-{chunk_no:05d}")
             events_out = self._events_frame(ev, path, fid)
             self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
             if res.unparsed.height:
@@ -328,30 +335,39 @@ class Ingestor:
             self.result.warnings.append(
                 f"{path}: last line has no newline yet ({rstate.held_back_bytes} bytes); it will be read by the next "
                 "ingest once it is complete")
-        merged = assemble.merge_partials(astate.partials)
-        http_all = pl.concat(astate.http, how="diagonal_relaxed") if astate.http else pl.DataFrame()
-        # keep partial aggregates for the next (append) ingest
-        if merged.height:
-            self.txn.write("_partials", merged, run=run, name=f"{fid}-state")
-        if http_all.height:
-            self.txn.write("_http", http_all, run=run, name=f"{fid}-state")
-        reqs = assemble.attach_task_only(merged)
-        reqs = assemble.match_http(reqs, http_all) if reqs.height else reqs
-        reqs = assemble.finish_requests(reqs)
-        label = self._label(path, run)
-        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, reqs)
-        reqs_out = self._requests_frame(reqs, path, label, instances)
-        self.txn.write("requests", reqs_out, run=run, name=f"{fid}-req")
+        final = builder.finish() if rstate.held_back_bytes == 0 or compression else pl.DataFrame()
+        if final.height:
+            n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                                               f"{start_line:012d}-end")
+        # what an append needs to continue: open requests and unmatched HTTP lines
+        if builder.open.height:
+            self.txn.write("_partials", builder.open, run=run, name=f"{fid}-state")
+        if builder.http.height:
+            self.txn.write("_http", builder.http, run=run, name=f"{fid}-state")
+        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
         self.txn.write("instances", instances, run=run, name=f"{fid}-inst")
         self._record_file(fid, path, run, fmt.name, compression, stat, head_sha, rstate.end_offset or start_offset,
-                          rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, reqs_out.height,
+                          rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, n_requests,
                           state={"last_kind": carry.last_kind,
                                  "keys": {str(k): vars(v) for k, v in astate.keys.items()},
                                  "wrappers": sorted(wrappers_seen),
-                                 "inst_facts": instances.drop("started_at").to_dicts() if instances.height else []})
+                                 "seq": builder.seq, "requests": n_requests,
+                                 "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()},
+                                 "inst_facts": instances.drop("started_at", "requests").to_dicts()
+                                 if instances.height else []})
         self.result.files.append(FileReport(
             str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,
-            lines, parsed, sum(skipped.values()), unparsed_n, reqs_out.height))
+            lines, parsed, sum(skipped.values()), unparsed_n, n_requests))
+
+    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame],
+                        prev: dict | None, fid: str, path: Path, run: str, fmt: Format, label: str,
+                        part_name: str) -> int:
+        for k, i, n in final.group_by("ikey", "instance_no").agg(pl.len().alias("n")).iter_rows():
+            req_counts[(int(k), int(i))] += int(n)
+        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
+        out = self._requests_frame(final, path, label, instances)
+        self.txn.write("requests", out, run=run, name=f"{fid}-req-{part_name}")
+        return out.height
 
     def _label(self, path: Path, run: str) -> str:
         return strip_exts(path.name)
@@ -389,7 +405,7 @@ class Ingestor:
         )
 
     def _instances(self, rows: list[pl.DataFrame], prev: dict | None, fid: str, path: Path, run: str, fmt: Format,
-                   label: str, reqs: pl.DataFrame) -> pl.DataFrame:
+                   label: str, req_counts: Counter) -> pl.DataFrame:
         frames = [r for r in rows if r.height]
         if prev and prev.get("inst_facts"):
             old = pl.DataFrame(prev["inst_facts"])
@@ -415,11 +431,9 @@ class Ingestor:
         name = pl.lit(label) + pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String)).otherwise(
             pl.lit("")) + pl.when(pl.col("instance_no") > 1).then(pl.lit("#") + pl.col("instance_no").cast(pl.String)).otherwise(
             pl.lit(""))
-        if reqs.height:
-            counts = reqs.group_by("ikey", "instance_no").agg(pl.len().alias("requests"))
-            df = df.join(counts, on=["ikey", "instance_no"], how="left")
-        else:
-            df = df.with_columns(pl.lit(0).alias("requests"))
+        counts = pl.DataFrame([{"ikey": k[0], "instance_no": k[1], "requests": v} for k, v in req_counts.items()],
+                              schema={"ikey": pl.Int64, "instance_no": pl.Int64, "requests": pl.Int64})
+        df = df.join(counts, on=["ikey", "instance_no"], how="left")
         started = pl.col("abs_first") if "abs_first" in df.columns else pl.lit(None)
         if self.started_at is not None:
             started = pl.coalesce(started, pl.lit(self.started_at).cast(pl.Datetime("us", "UTC")))

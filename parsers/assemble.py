@@ -335,8 +335,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
             "prompt_tokens_alt",
             pl.col("cached_explicit") + pl.col("prompt_eval_tokens"),
             pl.col("p0") + pl.col("prompt_eval_tokens"),
+            # n_past/n_tokens at release = prompt + gen - 1 unless a context shift dropped tokens; a truncated
+            # release with no shift (context full, n_ctx_train cap) keeps every token, so it still holds
             pl.when(pl.col("n_past_end").is_not_null() & pl.col("gen_tokens").is_not_null() & pl.col("has_timings")
-                    & ~pl.col("context_shift") & ~pl.col("truncated").fill_null(False))
+                    & ~pl.col("context_shift"))
             .then(pl.col("n_past_end") - pl.col("gen_tokens") + 1),
         ).alias("prompt_tokens"),
         gen.alias("gen_tokens"),
@@ -419,3 +421,110 @@ def parse_abs_time(ev: pl.DataFrame, *, year_hint: int) -> pl.DataFrame:
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+HANDLER_ONLY_STATUS = (401, 403, 501, 503)  # answered by the HTTP handler, never by a slot (era 2 uses 404 for task errors)
+
+
+class RequestBuilder:
+    """Builds the requests of one file chunk by chunk, handing out each request once it is final.
+
+    A request is final when a later task started on its slot, when its instance ended (restart), or
+    when it closed more than ``hold_lines`` lines ago (time enough for its timing block and HTTP line).
+    Only open requests and unmatched HTTP lines are kept between chunks, so memory does not grow with
+    the file; the same state, saved in the store, lets an appended tail continue where parsing stopped.
+    """
+
+    def __init__(self, *, open_rows: pl.DataFrame | None = None, http: pl.DataFrame | None = None,
+                 seq: dict[str, int] | None = None, hold_lines: int = 5000) -> None:
+        self.open = open_rows if open_rows is not None else pl.DataFrame()
+        self.http = http if http is not None else pl.DataFrame()
+        self.seq: dict[str, int] = dict(seq or {})
+        self.hold = hold_lines
+
+    @staticmethod
+    def _key(ikey: int, inst: int, slot: int) -> str:
+        return f"{ikey}/{inst}/{slot}"
+
+    def add(self, part: pl.DataFrame, http: pl.DataFrame, last_line: int) -> pl.DataFrame:
+        rows = merge_partials([self.open, part])
+        if http.height:
+            self.http = pl.concat([self.http, http], how="diagonal_relaxed") if self.http.height else http
+        return self._emit(rows, last_line, final_all=False)
+
+    def finish(self) -> pl.DataFrame:
+        return self._emit(self.open, None, final_all=True)
+
+    def _emit(self, rows: pl.DataFrame, last_line: int | None, *, final_all: bool) -> pl.DataFrame:
+        if rows.height == 0:
+            self.open = rows
+            if final_all:
+                self.http = pl.DataFrame()
+            return pl.DataFrame()
+        slotted = rows.filter(pl.col("slot").is_not_null())
+        loose = rows.filter(pl.col("slot").is_null())
+        if loose.height:
+            lookup = slotted.select("ikey", "instance_no", "task", pl.col("slot").alias("slot_found")).unique(
+                ["ikey", "instance_no", "task"], keep="first")
+            loose = loose.join(lookup, on=["ikey", "instance_no", "task"], how="left")
+            found = loose.filter(pl.col("slot_found").is_not_null()).with_columns(
+                pl.col("slot_found").alias("slot")).drop("slot_found")
+            loose = loose.filter(pl.col("slot_found").is_null()).drop("slot_found")
+            slotted = merge_partials([slotted, found])
+        # final: a later start on the same slot, a later instance on the same key, or closed long ago
+        latest = slotted.group_by("ikey", "instance_no", "slot").agg(pl.col("start_line").max().alias("_latest"))
+        last_inst = slotted.group_by("ikey").agg(pl.col("instance_no").max().alias("_last_inst"))
+        s = slotted.join(latest, on=["ikey", "instance_no", "slot"], how="left").join(last_inst, on="ikey", how="left")
+        close = pl.coalesce("close_line", "line_last")
+        if final_all:
+            is_final = pl.lit(True)
+        else:
+            is_final = ((pl.col("start_line").is_not_null() & (pl.col("start_line") < pl.col("_latest")))
+                        | (pl.col("instance_no") < pl.col("_last_inst"))
+                        | (close < last_line - self.hold))
+        s = s.with_columns(is_final.alias("_final")).drop("_latest", "_last_inst")
+        matched = match_http(s.sort("line_first"), self._http_for_match())
+        final = matched.filter(pl.col("_final")).drop("_final")
+        still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path")
+        self._consume_http(final, final_all, last_line)
+        if final_all:
+            loose = loose.head(0)
+        elif loose.height:  # errors with no slot (handler-level): kept a while in case the slot line is late
+            loose = loose.filter(pl.col("line_first") >= last_line - self.hold)
+        self.open = pl.concat([still, loose], how="diagonal_relaxed") if loose.height else still
+        if final.height == 0:
+            return final
+        done = finish_requests(final)
+        offsets = [self.seq.get(self._key(k, i, sl), 0) for k, i, sl in
+                   done.select("ikey", "instance_no", "slot").iter_rows()]
+        done = done.with_columns((pl.col("seq") + pl.Series(offsets, dtype=pl.Int64)).alias("seq"))
+        for k, i, sl, n in done.group_by("ikey", "instance_no", "slot").agg(pl.len().alias("n")).iter_rows():
+            key = self._key(k, i, sl)
+            self.seq[key] = self.seq.get(key, 0) + int(n)
+        return done
+
+    def _http_for_match(self) -> pl.DataFrame:
+        if self.http.height == 0:
+            return self.http
+        return self.http.filter(~pl.col("status").is_in(HANDLER_ONLY_STATUS))
+
+    def _consume_http(self, final: pl.DataFrame, final_all: bool, last_line: int | None) -> None:
+        """Drop HTTP lines that were tied to final requests, and old ones tied to nothing."""
+        if self.http.height == 0:
+            return
+        if final_all:
+            self.http = pl.DataFrame()
+            return
+        used = final.filter(pl.col("http_status").is_not_null())
+        n_used = used.height
+        # FIFO: the lines used are the earliest eligible ones per instance; drop that many per instance
+        if n_used:
+            counts = used.group_by("ikey", "instance_no").agg(pl.len().alias("_n"))
+            h = self.http.sort("line_no").with_columns(
+                (~pl.col("status").is_in(HANDLER_ONLY_STATUS)).alias("_elig"))
+            h = h.with_columns(pl.col("_elig").cast(pl.Int64).cum_sum().over("ikey", "instance_no").alias("_rank"))
+            h = h.join(counts, on=["ikey", "instance_no"], how="left").with_columns(pl.col("_n").fill_null(0))
+            h = h.filter(~(pl.col("_elig") & (pl.col("_rank") <= pl.col("_n")))).drop("_elig", "_rank", "_n")
+            self.http = h
+        if last_line is not None:
+            self.http = self.http.filter(pl.col("line_no") >= last_line - self.hold)

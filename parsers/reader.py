@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from forensics.errors import InputError
 
-CHUNK_BYTES = 32 * 1024 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
