@@ -221,8 +221,8 @@ def scaling(metrics: pl.DataFrame, *, by: str = "np",
     thr = table["gen_tok_per_s"].to_list()
     lat = table["latency_p50_s"].to_list()
     xv = table["x"].to_list()
-    gain: list[float | None] = [None]
-    lat_step: list[float | None] = [None]
+    gain: list[float | None] = [None] * min(1, len(xv))
+    lat_step: list[float | None] = [None] * min(1, len(xv))
     for i in range(1, len(xv)):
         dx = xv[i] - xv[i - 1]
         gain.append(_per_step(thr[i - 1], thr[i], dx))

@@ -68,10 +68,7 @@ class Decompressing(io.RawIOBase):
             block = self.raw.read(1024 * 1024)
             if not block:
                 self._eof = True
-                if self.kind == "gzip" and not self.dec.eof and (self.dec.unconsumed_tail or True):
-                    if not self.dec.eof:
-                        self.truncated, self.problem = True, "compressed stream ends early"
-                elif self.kind == "zstd" and not getattr(self.dec, "eof", True):
+                if not getattr(self.dec, "eof", True):
                     self.truncated, self.problem = True, "compressed stream ends early"
                 break
             try:
