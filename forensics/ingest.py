@@ -25,9 +25,8 @@ import polars as pl
 from forensics import schema
 from forensics.errors import ForensicsError, InputError, UnknownFormatError
 from forensics.store import Store, fetch_pl
-from parsers import assemble
+from parsers import assemble, reader
 from parsers.engine import Carry, Engine
-from parsers import reader
 from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, get_format, load_formats
 
@@ -277,7 +276,6 @@ class Ingestor:
         year = (self.started_at or datetime.fromtimestamp(stat.st_mtime, timezone.utc)).year
         rstate = ReadState()
         wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
-        chunk_no = 0
         inst_rows: list[pl.DataFrame] = []
         def classify(chunk: Any) -> Any:
             res = engine.classify(chunk.lines, chunk.first_line_no, Carry())
@@ -300,8 +298,7 @@ class Ingestor:
             while pending:
                 yield pending.pop(0).result()
 
-        for chunk, res, ev in results():
-            chunk_no += 1
+        for chunk_no, (chunk, res, ev) in enumerate(results(), start=1):
             engine.join_chunks(res, carry.last_kind)
             if res.last_kind is not None:
                 carry.last_kind = res.last_kind

@@ -282,7 +282,7 @@ class Engine:
         is_skip = np.array([k.skip for k in self.kinds] + [False])
         cont = unclaimed & is_multi[ff]
         cont_skip = cont & is_skip[ff]
-        for code, count in zip(*np.unique(ff[cont_skip], return_counts=True)):
+        for code, count in zip(*np.unique(ff[cont_skip], return_counts=True), strict=True):
             skipped[self.kinds[code].name] += int(count)
         cont_parsed = int(cont.sum() - cont_skip.sum())
         unparsed_mask = unclaimed & ~cont
