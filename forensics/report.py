@@ -112,10 +112,29 @@ def call_finding(module: str, names: tuple[str, ...], store: Store, run: str) ->
     res, reason = metrics.call_optional(module, names, store, run)
     if reason:
         return None, reason
-    df = _as_frame(res)
-    if "run" in df.columns:
-        df = df.filter(pl.col("run") == run)
-    return df, ""
+    return _only_run(_as_frame(res), run), ""
+
+
+def _only_run(df: pl.DataFrame, run: str) -> pl.DataFrame:
+    return df.filter(pl.col("run") == run) if "run" in df.columns else df
+
+
+def render_finding(res: Any, run: str) -> str:
+    """HTML for a finding's result: a frame as a table; a result object (e.g. a cap recommendation)
+    as its scalar fields, its messages and its frames."""
+    if isinstance(res, (pl.DataFrame, dict, list)) or not hasattr(res, "__dict__"):
+        return html_table(_only_run(_as_frame(res), run))
+    fields = dict(vars(res))
+    out = []
+    scalars = {k: v for k, v in fields.items() if v is None or isinstance(v, (int, float, str, bool))}
+    if scalars:
+        out.append(_kv_table(scalars))
+    for k, v in fields.items():
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            out.append(f"<p>{html.escape(k)}:</p><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in v) + "</ul>")
+        elif isinstance(v, pl.DataFrame):
+            out.append(f"<p>{html.escape(k)}:</p>" + html_table(_only_run(v, run)))
+    return "\n".join(out) or html_table(_as_frame(res))
 
 
 def build_report(store: Store, run: str) -> tuple[str, list[str]]:
@@ -152,15 +171,15 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     parts.append('<h2 id="findings">Findings</h2>')
     for title, module, names in FINDINGS:
         parts.append(f"<h3>{esc(title)}</h3>")
-        df, reason = call_finding(module, names, store, run)
-        if df is None:
+        res, reason = metrics.call_optional(module, names, store, run)
+        if reason:
             parts.append(f'<p class="na">{esc(reason)}</p>')
             notes.append(f"{title.lower()}: {reason}")
             if title.startswith("Recommended") and cap is not None and cap_source == "rules":
                 parts.append(f"<p>Simple rule instead (p99 of normal requests' generated tokens × 1.25, "
                              f"rounded up to 64): <b>{cap}</b> tokens.</p>")
         else:
-            parts.append(html_table(df))
+            parts.append(render_finding(res, run))
     failed = ri.filter(pl.col("failed")).select(
         [c for c in ("instance", "slot", "task", "item", "stage", "start_s", "stop_reason", "error") if c in ri.columns])
     parts.append("<h3>Failed requests</h3>")
