@@ -15,7 +15,6 @@ import polars as pl
 from forensics.ingest import ingest, summary
 from forensics.store import Store
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @dataclass
@@ -28,19 +27,11 @@ class DemoResult:
 def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
-    try:
-        from forensics import generate
+    from forensics.generate import demo_scenarios, generate
 
-        builder = getattr(generate, "write_demo", None)
-        if builder is None:
-            raise ImportError
-        builder(logs, seed=seed)
-        echo(f"demo: generated scenario logs and replay records in {logs}")
-    except ImportError:
-        import shutil
-
-        shutil.copytree(FIXTURES / "logs", logs)
-        echo(f"demo: copied the bundled fixture logs to {logs}")
+    gen = generate(demo_scenarios(), out, fmt="era5", seed=seed)
+    echo(f"demo: generated {gen.requests} server requests (runs at np 1 to 8, a main and a backup instance, "
+         f"a dead slot, a runaway, missing items) in {logs}")
     store_dir = out / "store"
     res = ingest(store_dir, [logs], keep_going=True)
     t = res.totals
