@@ -411,11 +411,15 @@ def parse_abs_time(ev: pl.DataFrame, *, year_hint: int) -> pl.DataFrame:
             iso_dt = v.str.replace(r"Z$", "+00:00").str.replace(r"(\.\d{6})\d+", "$1").str.to_datetime(
                 "%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
             out = out.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
-            if col == "json_time" and "elapsed_s" not in ev.columns:
+            if col == "json_time":
+                # `--log-jsonl` "ts" is the elapsed clock; the text format's own prefix group leaves an
+                # all-null elapsed_s column behind, so fill rather than only create it
                 el = v.str.extract(r"^(\d+\.\d{2}\.\d{3}\.\d{3})$")
                 if el.is_not_null().any():
                     from parsers.engine import elapsed_seconds
-                    ev = ev.with_columns(elapsed_seconds(el))
+                    secs = elapsed_seconds(el)
+                    ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s")
+                                         if "elapsed_s" in ev.columns else secs)
     return ev.with_columns(out.alias("abs_time"))
 
 

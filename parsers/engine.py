@@ -307,6 +307,13 @@ class Engine:
         for name in wcols.columns:
             base[name] = wcols[name].gather(rows)
         base_df = pl.DataFrame(base)
+        if events.height:
+            # a wrapper group and a kind field of the same name (syslog `host` vs the listen line's `host`):
+            # the line's own field wins, the wrapper's value fills the lines that have none
+            both = [c for c in base_df.columns if c in events.columns and c != "__row"]
+            events = events.with_columns([pl.coalesce(pl.col(c), base_df[c].cast(events[c].dtype, strict=False))
+                                          for c in both])
+            base_df = base_df.drop(both)
         events = pl.concat([base_df, events.drop("__row")], how="horizontal") if events.height else base_df.with_columns(
             pl.lit(None, dtype=pl.String).alias("kind"))
         if "elapsed" in events.columns:
