@@ -217,7 +217,7 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         pl.col("elapsed_s").sort_by("line_no").drop_nulls().last().alias("elapsed_end_s"),
         pl.col("abs_time").sort_by("line_no").drop_nulls().first().alias("t_start"),
         pl.col("abs_time").sort_by("line_no").drop_nulls().last().alias("t_end"),
-        _first(("new_prompt", "prompt_tokenized", "rec_new_prompt"), "prompt_tokens").alias("prompt_tokens"),
+        _first(("new_prompt", "prompt_tokenized", "rec_new_prompt", "send_error"), "prompt_tokens").alias("prompt_tokens"),
         _first(("init_sampler",), "prompt_tokens").alias("prompt_tokens_alt"),
         _first(("kv_trim", "rec_kv_trim"), "p0").alias("p0"),
         _first(("new_prompt", "prompt_tokenized", "input_truncated", "rec_new_prompt"), "n_ctx_slot").alias("n_ctx_slot"),
@@ -362,7 +362,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("stop_type").str.to_lowercase().is_in(["limit", "time limit", "indentation limit"])).then(pl.lit("limit"))
         .when(pl.col("stop_type").str.to_lowercase() == "word").then(pl.lit("word"))
         .when(pl.col("ctx_train_cap")).then(pl.lit("limit"))
-        .when(pl.col("truncated").fill_null(False) | pl.col("context_shift") | at_ctx | (pl.col("stop_type") == "context"))
+        # truncated = 1 also marks a prompt cut by `input truncated` (era 4): that is not generation reaching
+        # the context, so it only counts with a context shift or a full slot
+        .when((pl.col("truncated").fill_null(False) & pl.col("truncated_prompt_tokens").is_null())
+              | pl.col("context_shift") | at_ctx | (pl.col("stop_type") == "context"))
         .then(pl.lit("context"))
         .when(pl.col("n_predict").is_not_null() & (pl.col("n_predict") > 0) & (pl.col("gen_tokens") >= pl.col("n_predict")))
         .then(pl.lit("limit"))
