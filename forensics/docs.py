@@ -1,0 +1,52 @@
+"""Generate the README's table reference from ``forensics.schema`` (``python -m forensics.docs --write``).
+
+The README keeps the generated text between ``<!-- tables:start -->`` and ``<!-- tables:end -->``; a test
+fails when it is stale, so the documentation cannot drift from the contract.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from forensics import schema
+
+START, END = "<!-- tables:start -->", "<!-- tables:end -->"
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _type(dtype: pl.DataType) -> str:
+    if isinstance(dtype, pl.Datetime):
+        return "timestamp (UTC)"
+    return {pl.Int64(): "int64", pl.Float64(): "float64", pl.Boolean(): "bool"}.get(dtype, "string")
+
+
+def tables_markdown() -> str:
+    out: list[str] = []
+    for table, cols in schema.TABLES.items():
+        out += [f"### `{table}`", "", "| column | type | meaning |", "|---|---|---|"]
+        out += [f"| `{c.name}` | {_type(c.dtype)} | {c.description} |" for c in cols]
+        out.append("")
+    return "\n".join(out)
+
+
+def updated(readme: str) -> str:
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{tables_markdown()}\n{END}{tail}"
+
+
+def main() -> None:
+    text = README.read_text(encoding="utf-8")
+    new = updated(text)
+    if "--write" in sys.argv:
+        README.write_text(new, encoding="utf-8")
+    elif new != text:
+        print("README table reference is stale: run `python -m forensics.docs --write`", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
