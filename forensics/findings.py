@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 import duckdb
@@ -35,7 +35,7 @@ class Thresholds:
     min_tokens: int = 256  # ... and at least this many tokens
     min_group: int = 5  # fewer clean requests in a stage/instance group: use the whole run's baseline
     ctx_slack: int = 8  # reached the slot's context: n_past_end >= n_ctx_slot - ctx_slack
-    long_factor: float = 3.0  # abnormally long: seconds > long_factor x the group's p90 seconds ...
+    long_factor: float = 5.0  # abnormally long: seconds > long_factor x the group's median seconds ...
     min_seconds: float = 1.0  # ... and at least this long
     slow_factor: float = 4.0  # abnormally slow: ms per token > slow_factor x the group's median
     few_tokens: int = 3  # a handful of tokens: gen_tokens <= few_tokens ...
@@ -112,7 +112,10 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None) -> It
         has_matches = "matches" in schema.TABLES and _has_rows(con, "matches")
         if has_matches:
             cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
-            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} FROM matches")
+            have_m = {r[0] for r in con.execute("DESCRIBE matches").fetchall()}
+            where = " AND coalesce(\"match\", 'matched') <> 'unmatched'" if "match" in have_m else ""
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} FROM matches "
+                        f"WHERE task IS NOT NULL{where}")
         else:
             cols = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
             con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} WHERE false")
@@ -229,7 +232,7 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
             continue
         first = recs[start]
         items = None
-        if lost is not None:
+        if lost is not None and any(r["item"] is not None for r in recs):
             after = {(r["item"], r["stage"]) for r in recs[start:] if r["item"] is not None}
             items = len({it for it, st in after if (run_name, it, st) in lost})
         rows.append({
@@ -380,13 +383,21 @@ def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- errors
-# Masking rules, applied in order: (regex, replacement).
-MASKS: list[tuple[str, str]] = [
+def _mask_quoted(m: re.Match[str]) -> str:
+    text = m.group(0)
+    if m.group(1) is not None or any(ch.isspace() for ch in text):
+        return text
+    return '"<s>"'
+
+
+# Masking rules, applied in order: (regex, replacement text or function of the match).
+MASKS: list[tuple[str, str | Callable[[re.Match[str]], str]]] = [
     (r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b", "<uuid>"),
     (r"\b0x[0-9a-fA-F]+\b", "<hex>"),
     (r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b", "<hex>"),
     (r"'[^'\n]*'", "'<s>'"),  # single-quoted strings
-    (r'"[^"\s]*"(?!\s*:)', '"<s>"'),  # double-quoted words (ids, names, paths), not JSON keys nor sentences
+    # double-quoted strings: one word (an id, a name, a path) is masked; JSON keys and sentences are kept
+    (r'"(?:[^"\\]|\\.)*"(\s*:)?', _mask_quoted),
     (r"(?<![A-Za-z_<])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N"),  # numbers
 ]
 _MASKS = [(re.compile(p), r) for p, r in MASKS]

@@ -3,8 +3,8 @@
 -- findings.py turns this sequence into verdicts: a slot is dead from the first of two consecutive
 -- abnormal requests on it.  A request is abnormal when (reasons listed in `why`):
 --   runaway     it is in fx_runaways (the rows of runaways.sql)
---   long        seconds > $long_factor x the 0.9 quantile of seconds over the clean requests of its
---               baseline group, and seconds >= $min_seconds
+--   long        seconds > $long_factor x the median seconds of the clean requests of its baseline
+--               group, and seconds >= $min_seconds
 --   slow        ms per generated token > $slow_factor x the group's median (2 or more tokens)
 --   few_tokens  gen_tokens <= $few_tokens, no error, where the group's median is >= $few_normal tokens
 --   same_error  it failed (error text, HTTP >= 500 or stop_reason 'error'; HTTP 4xx excluded: those are
@@ -19,11 +19,11 @@ WITH req AS (
 ),
 grp AS (
     SELECT run, bgroup, count(*) AS n,
-           quantile_cont(seconds, 0.9) AS sec_q, median(tpot_ms) AS tpot_med, median(gen_tokens) AS gen_med
+           median(seconds) AS sec_q, median(tpot_ms) AS tpot_med, median(gen_tokens) AS gen_med
     FROM req WHERE clean GROUP BY run, bgroup
 ),
 whole AS (
-    SELECT run, quantile_cont(seconds, 0.9) AS sec_q, median(tpot_ms) AS tpot_med,
+    SELECT run, median(seconds) AS sec_q, median(tpot_ms) AS tpot_med,
            median(gen_tokens) AS gen_med
     FROM req WHERE clean GROUP BY run
 ),

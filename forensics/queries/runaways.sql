@@ -5,8 +5,8 @@
 --                    gen_tokens over the clean requests of its baseline group (run and stage when stages
 --                    are known, else run and instance; the whole run when the group has fewer than
 --                    $min_group clean requests)
---   context          truncated, a context shift, stop_reason 'context', or n_past_end >= the slot's
---                    context - $ctx_slack
+--   context          truncated, a context shift, stop_reason 'context', or it generated tokens and
+--                    n_past_end >= the slot's context - $ctx_slack
 --   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
 --   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
 -- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
@@ -44,7 +44,7 @@ flags AS (
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
            (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
             OR coalesce(b.stop_reason = 'context', false)
-            OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false)) AS f_context,
+            OR coalesce(b.gen_tokens > 0 AND b.n_past_end >= b.ctx_slot - $ctx_slack, false)) AS f_context,
            c.task IS NOT NULL AS f_cap,
            coalesce(d.degenerate, false) AS f_rep,
            (k.task IS NOT NULL OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled,
