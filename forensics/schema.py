@@ -130,6 +130,7 @@ RUNS = [
     Column("config", STR, "JSON object: free-form run configuration and budgets"),
     Column("servers", STR, "JSON array: server instances (name, host:port, log file, launched_at)"),
     Column("source", STR, "manifest file"),
+    Column("items", STR, "JSON array: the expected universe of items (null when the run has no manifest)"),
 ]
 
 ATTEMPTS = [
@@ -168,6 +169,22 @@ ITEMS = [
     Column("done", BOOL, "the item x stage finished ok"),
 ]
 
+MATCHES = [
+    Column("run", STR, "run id of the attempt"),
+    Column("item", STR, "item"),
+    Column("stage", STR, "stage"),
+    Column("attempt", I64, "attempt number"),
+    Column("instance", STR, "server instance of the matched request (best guess when ambiguous)"),
+    Column("path", STR, "log file of the matched request"),
+    Column("slot", I64, "slot of the matched request"),
+    Column("task", I64, "task of the matched request"),
+    Column("seq", I64, "seq of the matched request on its slot"),
+    Column("match", STR, "matched, ambiguous or unmatched"),
+    Column("reason", STR, "how it matched (slot+tokens+time, ...), or why not (no_instance, rejected_before_slot, "
+                          "client_timeout, client_cancelled, no_slot_request, ...)"),
+    Column("offset_s", F64, "seconds added to the log's elapsed time to get wall-clock time (null: absolute or order)"),
+]
+
 TABLES: dict[str, list[Column]] = {
     "files": FILES,
     "instances": INSTANCES,
@@ -177,6 +194,7 @@ TABLES: dict[str, list[Column]] = {
     "runs": RUNS,
     "attempts": ATTEMPTS,
     "items": ITEMS,
+    "matches": MATCHES,
 }
 
 

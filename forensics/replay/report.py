@@ -1,0 +1,57 @@
+"""The replay listings: ``runs_table`` (``forensics runs``) and ``missing`` (``forensics missing RUN``).
+
+Both run named SQL (``forensics/queries/replay_runs.sql``, ``missing.sql``) over the store's views plus
+the join computed here (``replay_matches``, ``replay_requests``), so they work whether or not the store
+holds server logs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from forensics.errors import NotFoundError
+from forensics.sql import load_query
+from forensics.store import fetch_pl
+
+
+def _connect(store: Any) -> tuple[duckdb.DuckDBPyConnection, Any]:
+    from forensics.replay.join import join_store
+
+    con = store.connect()
+    jr = join_store(store)
+    con.register("replay_matches", jr.matches.to_arrow())
+    con.register("replay_requests", jr.requests.to_arrow())
+    return con, jr
+
+
+def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.execute("SELECT DISTINCT run FROM (SELECT run FROM runs UNION ALL SELECT run FROM attempts "
+                       "UNION ALL SELECT run FROM items) WHERE run IS NOT NULL ORDER BY run").fetchall()
+    return [r[0] for r in rows]
+
+
+def runs_table(store: Any) -> pl.DataFrame:
+    """One row per replay run: run, np, items_expected, items_done, items_missing, attempts, requests,
+    wall_s, ended."""
+    con, _ = _connect(store)
+    try:
+        return fetch_pl(con, load_query("replay_runs").text)
+    finally:
+        con.close()
+
+
+def missing(store: Any, run: str) -> pl.DataFrame:
+    """Every expected item x stage of ``run`` that did not finish ok: item, stage, reason, detail,
+    evidence.  Raises NotFoundError naming the known runs when ``run`` is unknown."""
+    con, _ = _connect(store)
+    try:
+        known = known_runs(con)
+        if run not in known:
+            raise NotFoundError(f"no replay run {run!r}",
+                                hint=f"known runs: {', '.join(known) or 'none; ingest replay records first'}")
+        return fetch_pl(con, load_query("missing").text, {"run": run})
+    finally:
+        con.close()
