@@ -311,7 +311,7 @@ class Ingestor:
             ev = assemble.inherit_slots(ev, fmt, astate)
             part, http = assemble.partial_requests(ev)
             inst_rows.append(self._instance_facts(ev))
-            final = builder.add(part, http, chunk.first_line_no + len(chunk.lines) - 1)
+            final = builder.add(part, http, chunk.first_line_no + chunk.n_lines - 1)
             if final.height:
                 n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
                                                    f"{start_line:012d}-{chunk_no:05d}")

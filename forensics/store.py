@@ -25,6 +25,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ class Transaction:
     removes: dict[str, set[str]] = field(default_factory=dict)
     meta_updates: dict[str, Any] = field(default_factory=dict)
     _counter: int = 0
+    _writer: ThreadPoolExecutor | None = None
+    _pending: list[Future] = field(default_factory=list)
 
     def write(self, table: str, df: pl.DataFrame, *, run: str, name: str) -> None:
         """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``."""
@@ -79,14 +82,30 @@ class Transaction:
         tmp = f"{rel}.tmp-{self.txn_id}"
         path = self.store.root / tmp
         path.parent.mkdir(parents=True, exist_ok=True)
-        df.write_parquet(path, compression="zstd", compression_level=1, statistics=table != "events")
         self.staged.append((tmp, rel))
         self.adds.setdefault(table, []).append(rel)
+        # Parquet encoding runs on a writer thread (it releases the GIL) so parsing goes on meanwhile;
+        # at most a few parts wait in memory, and commit() waits for all of them.
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1)
+        while len(self._pending) >= 3:
+            self._pending.pop(0).result()
+        self._pending.append(self._writer.submit(
+            df.write_parquet, path, compression="zstd", compression_level=1, statistics=table != "events"))
+
+    def flush(self) -> None:
+        """Wait until every staged part is on disk (raises the first write error)."""
+        while self._pending:
+            self._pending.pop(0).result()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
 
     def remove(self, table: str, rel_paths: list[str]) -> None:
         self.removes.setdefault(table, set()).update(rel_paths)
 
     def commit(self) -> None:
+        self.flush()
         self.store._commit(self)
 
 

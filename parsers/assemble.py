@@ -25,9 +25,6 @@ HTTP_KINDS = ("http_request", "rec_http_request")
 # Lines that open a request of their own with no slot or task logged (era 1 `llama_print_timings` block:
 # one context, one request per block): slot 0, task = the line number (a join key only).
 SYNTH_TASK_KINDS = ("era1_timing_load",)
-GEN_PATH_HINTS = ("/completion", "/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
-                  "/infill", "/embedding", "/rerank", "/v1/embeddings")
-
 
 @dataclass
 class KeyState:
@@ -59,9 +56,8 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
     else:
         ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
     ev = ev.with_columns(ikey.alias("ikey"))
-    kinds = ev["kind"].to_numpy()
-    is_start = np.isin(kinds, list(startup))
-    is_bound = np.isin(kinds, list(boundary))
+    is_start = ev["kind"].is_in(list(startup)).to_numpy()
+    is_bound = ev["kind"].is_in(list(boundary)).to_numpy()
     elapsed = ev["elapsed_s"].to_numpy() if "elapsed_s" in ev.columns else None
     keys = ev["ikey"].to_numpy()
     inst = np.zeros(ev.height, dtype=np.int64)
@@ -121,6 +117,11 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("slot"))
     if "task" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
+    takers_all = [*inheritors, *next_inh, *SYNTH_TASK_KINDS]
+    missing = ev["kind"].is_in(takers_all) & (ev["slot"].is_null() | ev["task"].is_null())
+    headers = {*inheritors.values(), *next_inh.values()}
+    if not missing.any() and not ev["kind"].is_in(list(headers)).any():
+        return ev  # e.g. era 5: every line carries its slot and task, and no header state to carry
     kinds = ev["kind"].to_numpy()
     slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
     task = ev["task"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
@@ -198,11 +199,11 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             "prompt_tokens": pl.Int64, "p0": pl.Int64, "n_ctx_slot": pl.Int64, "ms": pl.Float64,
             "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
             "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
-            "method": pl.String, "path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
+            "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
             "n_ctx_train": pl.Int64}
     ev = ev.with_columns([_col(ev, k, t).cast(t) for k, t in need.items()])
     http = ev.filter(pl.col("kind").is_in(HTTP_KINDS)).select(
-        "ikey", "instance_no", "line_no", "method", "path", "status", "elapsed_s", "abs_time")
+        "ikey", "instance_no", "line_no", "method", "http_path", "status", "elapsed_s", "abs_time")
     req = ev.filter(pl.col("task").is_not_null() & (pl.col("task") >= 0) & ~pl.col("kind").is_in(HTTP_KINDS))
     if req.height == 0:
         return pl.DataFrame(), http
@@ -291,8 +292,7 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
     if http.height == 0 or req.height == 0:
         return req
     http = http.filter(pl.col("method") != "GET")
-    http = http.filter(pl.col("path").map_elements(lambda p: any(h in p for h in GEN_PATH_HINTS) or p == "/",
-                                                   return_dtype=pl.Boolean) | (pl.col("method") == "POST"))
+    http = http.filter(pl.col("method") == "POST")
     status = np.full(req.height, -1, dtype=np.int64)
     paths: list[str | None] = [None] * req.height
     close = req.select(pl.coalesce("close_line", "line_last")).to_series().to_numpy()
@@ -306,7 +306,7 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
     pos = {k: 0 for k in by_key}
     hl = http["line_no"].to_numpy()
     hs = http["status"].to_numpy()
-    hp = http["path"].to_list()
+    hp = http["http_path"].to_list()
     for j in np.argsort(hl, kind="stable"):
         k = (hkeys[j]["ikey"], hkeys[j]["instance_no"])
         q = by_key.get(k)
@@ -502,10 +502,15 @@ class RequestBuilder:
         if final.height == 0:
             return final
         done = finish_requests(final)
-        offsets = [self.seq.get(self._key(k, i, sl), 0) for k, i, sl in
-                   done.select("ikey", "instance_no", "slot").iter_rows()]
-        done = done.with_columns((pl.col("seq") + pl.Series(offsets, dtype=pl.Int64)).alias("seq"))
-        for k, i, sl, n in done.group_by("ikey", "instance_no", "slot").agg(pl.len().alias("n")).iter_rows():
+        counts = done.group_by("ikey", "instance_no", "slot").agg(pl.len().alias("_n"))
+        if self.seq:
+            keys = [k.split("/") for k in self.seq]
+            prior = pl.DataFrame({"ikey": [int(k[0]) for k in keys], "instance_no": [int(k[1]) for k in keys],
+                                  "slot": [int(k[2]) for k in keys], "_off": list(self.seq.values())},
+                                 schema={"ikey": pl.Int64, "instance_no": pl.Int64, "slot": pl.Int64, "_off": pl.Int64})
+            done = done.join(prior, on=["ikey", "instance_no", "slot"], how="left", maintain_order="left") \
+                .with_columns((pl.col("seq") + pl.col("_off").fill_null(0)).alias("seq")).drop("_off")
+        for k, i, sl, n in counts.iter_rows():
             key = self._key(k, i, sl)
             self.seq[key] = self.seq.get(key, 0) + int(n)
         return done

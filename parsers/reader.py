@@ -113,13 +113,22 @@ def read_head(path: Path, n_bytes: int = 256 * 1024) -> bytes:
 
 @dataclass
 class Chunk:
-    """A block of whole lines."""
+    """A block of whole lines.  The string column is built on first use, so a worker thread can do it."""
 
-    lines: pl.Series  # str, without the line terminator
+    block: bytes  # whole lines, each ending in a newline
+    n_lines: int
     first_line_no: int  # 1-based number of the first line
     first_offset: int  # byte offset of the first line in the (decompressed) stream
-    line_offsets: np.ndarray  # byte offset of each line's start
     end_offset: int  # byte offset just after the last line's newline
+    _lines: pl.Series | None = None
+
+    @property
+    def lines(self) -> pl.Series:
+        """The lines as strings, without their terminators (invalid UTF-8 replaced)."""
+        if self._lines is None:
+            nl = np.flatnonzero(np.frombuffer(self.block, dtype=np.uint8) == 10)
+            self._lines = _to_series(self.block, nl)
+        return self._lines
 
 
 @dataclass
@@ -205,14 +214,10 @@ def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
                 block = block[:cut + 1]
             if not block:
                 continue
-            nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
-            series = _to_series(block, nl)
-            starts = np.empty(len(nl), dtype=np.int64)
-            starts[0] = 0
-            starts[1:] = nl[:-1] + 1
-            chunk = Chunk(lines=series, first_line_no=line_no + 1, first_offset=offset,
-                          line_offsets=starts + offset, end_offset=offset + len(block))
-            line_no += len(nl)
+            n_lines = block.count(b"\n")
+            chunk = Chunk(block=block, n_lines=n_lines, first_line_no=line_no + 1, first_offset=offset,
+                          end_offset=offset + len(block))
+            line_no += n_lines
             offset += len(block)
             state.end_offset = offset
             state.line_no = line_no
