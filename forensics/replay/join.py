@@ -166,13 +166,15 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
         servers_by_run[r["run"]] = {s["name"]: s for s in lst if isinstance(s, dict) and s.get("name")}
         windows[r["run"]] = (_secs(r["started_at"]), _secs(r["ended_at"]))
     att_rows = list(attempts.iter_rows(named=True)) if attempts.height else []
+    fixed = {r for r, w in windows.items() if w[0] is not None and w[1] is not None}
     for a in att_rows:
         a["_t0"], a["_t1"] = _secs(a["started_at"]), _secs(a["ended_at"])
+        if a["run"] in fixed:
+            continue
         w = windows.get(a["run"], (None, None))
-        if a["run"] not in windows or (w[0] is None and w[1] is None):
-            lo = min((x for x in (w[0], a["_t0"]) if x is not None), default=None)
-            hi = max((x for x in (w[1], a["_t1"]) if x is not None), default=None)
-            windows[a["run"]] = (lo, hi)
+        lo = min((x for x in (w[0], a["_t0"]) if x is not None), default=None)
+        hi = max((x for x in (w[1], a["_t1"], a["_t0"]) if x is not None), default=None)
+        windows[a["run"]] = (lo, hi)
     # which instances each attempt may have reached, and the anchor of each instance
     att_keys: list[list[InstKey]] = []
     launched: dict[InstKey, float] = {}
@@ -291,9 +293,10 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
         ambiguous = False
         if len(cands) > 1:
             second = cands[1]
-            if "time" in best[2]:
-                ambiguous = (second[0] - best[0]) < AMBIGUOUS_S and not (
-                    "tokens" in best[2] and "tokens" not in second[2])
+            if set(best[2].split("+")) - set(second[2].split("+")):
+                ambiguous = False  # the best has evidence the next one lacks (status, tokens, slot)
+            elif "time" in best[2]:
+                ambiguous = (second[0] - best[0]) < AMBIGUOUS_S
             else:
                 # order on a slot decides when the slot is known; otherwise several requests fit
                 ambiguous = "slot" not in best[2]
