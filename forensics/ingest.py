@@ -311,6 +311,8 @@ class Ingestor:
             ev = assemble.inherit_slots(ev, fmt, astate)
             part, http = assemble.partial_requests(ev)
             inst_rows.append(self._instance_facts(ev))
+            if len(inst_rows) > 4:  # keep one aggregated frame, not one per chunk
+                inst_rows[:] = [collapse_facts(inst_rows)]
             final = builder.add(part, http, chunk.first_line_no + chunk.n_lines - 1)
             if final.height:
                 n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
@@ -409,20 +411,7 @@ class Ingestor:
             frames.insert(0, old.select([c for c in old.columns if c in (frames[0].columns if frames else old.columns)]))
         if not frames:
             return schema.empty("instances").drop("run")
-        df = pl.concat(frames, how="diagonal_relaxed")
-        agg = []
-        for c in df.columns:
-            if c in ("ikey", "instance_no"):
-                continue
-            if c == "line_first":
-                agg.append(pl.col(c).min())
-            elif c in ("line_last", "max_slot"):
-                agg.append(pl.col(c).max())
-            elif c in ("slots_seen", "n_abs", "n_elapsed"):
-                agg.append(pl.col(c).sum() if c != "slots_seen" else pl.col(c).max())
-            else:
-                agg.append(pl.col(c).drop_nulls().first())
-        df = df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
+        df = collapse_facts(frames)
         multi = df.group_by("ikey").agg(pl.len().alias("n"))
         df = df.join(multi, on="ikey")
         name = pl.lit(label) + pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String)).otherwise(
@@ -504,6 +493,24 @@ class Ingestor:
         meta = {k: v for k, v in row.items() if k != "ingested_at"}
         meta.update(state or {})
         self.files_meta[fid] = meta
+
+
+def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Merge per-chunk instance facts into one row per (router key, instance number)."""
+    df = pl.concat([f for f in frames if f.height], how="diagonal_relaxed")
+    agg = []
+    for c in df.columns:
+        if c in ("ikey", "instance_no"):
+            continue
+        if c == "line_first":
+            agg.append(pl.col(c).min())
+        elif c in ("line_last", "max_slot", "slots_seen"):
+            agg.append(pl.col(c).max())
+        elif c in ("n_abs", "n_elapsed"):
+            agg.append(pl.col(c).sum())
+        else:
+            agg.append(pl.col(c).drop_nulls().first())
+    return df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
 
 
 def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,
