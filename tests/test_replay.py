@@ -1,0 +1,205 @@
+"""Replay records: canonical loading, items, bad records, mapping files (foreign layout and the shipped
+vLLM / GuideLLM / AIPerf mappings), and the ``runs`` / ``missing`` listings and commands."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from forensics import replay
+from forensics.errors import MappingError
+from tests.replay_helpers import FIX, ms_records, ms_store
+
+UTC = timezone.utc
+
+
+def test_detect_by_content_not_name(tmp_path: Path) -> None:
+    assert replay.detect(FIX / "multistage" / "manifest.json") == "manifest"
+    assert replay.detect(FIX / "multistage" / "attempts.jsonl") == "attempts"
+    assert replay.detect(FIX / "foreign" / "run-ms.csv") is None
+    renamed = tmp_path / "whatever.log"
+    renamed.write_bytes((FIX / "multistage" / "attempts.jsonl").read_bytes())
+    assert replay.detect(renamed) == "attempts"
+    other = tmp_path / "x.json"
+    other.write_text('{"run_id": "r", "note": "no items, stages, servers or concurrency"}')
+    assert replay.detect(other) is None
+
+
+def test_canonical_run_loads_runs_and_attempts() -> None:
+    recs = ms_records()
+    assert recs.errors == []
+    run = recs.runs.row(0, named=True)
+    assert (run["run"], run["concurrency"], run["items_expected"], run["ended_how"], run["ended_detail"]) == (
+        "run-ms", 2, 5, "completed", "after 66 s")
+    assert run["started_at"] == datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+    assert json.loads(run["stages"]) == ["extract", "summarize"]
+    assert json.loads(run["config"]) == {"max_tokens": 4096, "max_attempts": 2, "budgets": {"max_request_s": 30}}
+    assert recs.attempts.height == 9
+    ms = recs.attempts.filter((pl.col("item") == "MSFT") & (pl.col("stage") == "summarize")).row(0, named=True)
+    assert (ms["outcome"], ms["id_slot"], ms["tokens_predicted"], ms["truncated"], ms["predicted_ms"],
+            ms["source_line"]) == ("parse_error", 0, 512, True, 2700.0, 6)
+
+
+def test_items_one_row_per_expected_item_and_stage() -> None:
+    recs = ms_records()
+    items = replay.build_items(recs.runs, recs.attempts)
+    got = {(r["item"], r["stage"]): (r["attempts"], r["outcome"], r["done"]) for r in items.iter_rows(named=True)}
+    assert got == {
+        ("AAPL", "extract"): (1, "ok", True), ("AAPL", "summarize"): (1, "ok", True),
+        ("MSFT", "extract"): (2, "ok", True), ("MSFT", "summarize"): (1, "parse_error", False),
+        ("NVDA", "extract"): (2, "timeout", False), ("NVDA", "summarize"): (0, "never_attempted", False),
+        ("TSLA", "extract"): (1, "ok", True), ("TSLA", "summarize"): (1, "failed", False),
+        ("AMZN", "extract"): (0, "never_attempted", False), ("AMZN", "summarize"): (0, "never_attempted", False),
+    }
+    # without a manifest the universe is what the attempts show: AMZN is not known to be missing
+    no_manifest = replay.build_items(recs.runs.clear(), recs.attempts)
+    assert no_manifest.height == 8
+    assert "AMZN" not in no_manifest["item"].to_list()
+
+
+def test_bad_records_name_file_line_and_field_and_good_ones_load() -> None:
+    path = FIX / "bad" / "attempts.jsonl"
+    recs = replay.load(path)
+    p = str(path)
+    assert [e.one_line() for e in recs.errors] == [
+        f"{p}:2: stage: missing required field",
+        f"{p}:3: attempt: 'two' is not of type integer",
+        f"{p}:4: outcome: 'success' is not one of ok, failed, parse_error, timeout, cancelled "
+        "(map other status names with a mapping file)",
+        f"{p}:5: attempt: duplicate attempt 1 of AAPL/extract in run run-bad (first at {p}:1); kept the first",
+        f"{p}:6: not valid JSON: Expecting ',' delimiter",
+        f"{p}:7: started_at: '2026-03-04T10:00:00' has no UTC offset "
+        "(write e.g. 2026-03-04T10:00:00Z or 2026-03-04T10:00:00+02:00)",
+        f"{p}:8: timings.prompt_ms: 'slow' is not of type number or null",
+    ]
+    assert recs.attempts.select("item", "attempt", "source_line").rows() == [("AAPL", 1, 1), ("ORCL", 2, 9)]
+
+
+def test_foreign_layout_through_a_mapping_gives_the_canonical_tables() -> None:
+    canon = ms_records()
+    foreign = replay.load([FIX / "foreign" / "run-ms.run.json", FIX / "foreign" / "run-ms.csv"],
+                          mapping=FIX / "foreign" / "harness.toml")
+    assert foreign.errors == []
+    drop = ["source", "source_line"]
+    assert foreign.attempts.drop(drop).equals(canon.attempts.drop(drop))
+    assert foreign.runs.drop("source", "servers").equals(canon.runs.drop("source", "servers"))
+    s_f, s_c = json.loads(foreign.runs["servers"][0]), json.loads(canon.runs["servers"][0])
+    assert [{k: v for k, v in s.items() if k != "log_path"} for s in s_f] == \
+        [{k: v for k, v in s.items() if k != "log_path"} for s in s_c]
+
+
+def test_mapping_naming_a_missing_field_is_a_clear_error(tmp_path: Path) -> None:
+    text = (FIX / "foreign" / "harness.toml").read_text().replace('item = "ticker"', 'item = "symbol"')
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    data = FIX / "foreign" / "run-ms.csv"
+    with pytest.raises(MappingError) as exc:
+        replay.load([data], mapping=bad)
+    line = exc.value.one_line()
+    assert line.startswith(f"{bad}: [attempts.fields] item = 'symbol': no such field in {data} (fields there: ")
+    assert "ticker" in line
+
+
+def test_mapping_file_errors(tmp_path: Path) -> None:
+    m = tmp_path / "m.toml"
+    m.write_text('[attempts.fields]\nticker = "x"\n')
+    with pytest.raises(MappingError, match=r"\[attempts.fields\] ticker is not a canonical attempts field"):
+        replay.load_mapping(m)
+    m.write_text('[attempts.fields]\nstarted_at = { path = "t", unit = "minutes" }\n')
+    with pytest.raises(MappingError, match="unit 'minutes' does not apply"):
+        replay.load_mapping(m)
+    with pytest.raises(MappingError, match="cannot read mapping"):
+        replay.load_mapping(tmp_path / "absent.toml")
+
+
+def test_vllm_bench_parallel_arrays() -> None:
+    recs = replay.load(FIX / "tools" / "vllm-bench-qwen-c2.json", mapping="vllm-bench")
+    assert recs.errors == []
+    assert recs.runs.select("run", "concurrency", "model").row(0) == ("vllm-bench-qwen-c2", 2, "qwen2.5-7b")
+    assert recs.attempts.select("item", "tokens_evaluated", "tokens_predicted", "outcome", "error").rows() == [
+        ("0", 150, 100, "ok", None), ("1", 160, 120, "ok", None), ("2", 140, 110, "ok", None),
+        ("3", 160, 0, "failed", "Bad Request: context length exceeded")]
+    # start_times 1772446500.25 = 2026-03-02T10:15:00.250Z
+    assert recs.attempts["started_at"][1] == datetime(2026, 3, 2, 10, 15, 0, 250000, tzinfo=UTC)
+
+
+def test_guidellm_benchmarks_json() -> None:
+    recs = replay.load(FIX / "tools" / "guidellm-benchmarks.json", mapping="guidellm")
+    assert recs.errors == []
+    assert recs.runs.select("run", "concurrency").row(0) == ("guidellm-benchmarks", 2)
+    assert recs.attempts.select("item", "outcome", "tokens_evaluated", "tokens_predicted", "error").rows() == [
+        ("a1", "ok", 200, 64, None), ("a2", "ok", 210, 80, None),
+        ("a3", "failed", 220, None, "HTTP 500: context size exceeded"), ("a4", "cancelled", 230, 12, "cancelled")]
+    a2 = recs.attempts.row(1, named=True)
+    assert (a2["started_at"], a2["ended_at"]) == (datetime(2026, 3, 2, 10, 20, 0, 100000, tzinfo=UTC),
+                                                  datetime(2026, 3, 2, 10, 20, 3, 100000, tzinfo=UTC))
+
+
+def test_aiperf_profile_export() -> None:
+    recs = replay.load(FIX / "tools" / "aiperf-run-c4" / "profile_export.jsonl", mapping="aiperf")
+    assert recs.errors == []
+    assert recs.attempts.select("run", "item", "http_status", "outcome", "tokens_evaluated", "tokens_predicted",
+                                "source_line").rows() == [
+        ("aiperf-run-c4", "7609a2e7", 200, "ok", 550, 90, 1),
+        ("aiperf-run-c4", "c35e4b1b", 499, "cancelled", None, None, 2),
+        ("aiperf-run-c4", "9a1f0c22", 500, "failed", None, None, 3)]
+    first = recs.attempts.row(0, named=True)
+    # 1772447100000000000 ns = 10:25:00; request_end_ns 1.5 s later
+    assert (first["started_at"], first["ended_at"]) == (datetime(2026, 3, 2, 10, 25, tzinfo=UTC),
+                                                        datetime(2026, 3, 2, 10, 25, 1, 500000, tzinfo=UTC))
+
+
+MISSING = [
+    ("AMZN", "extract", "never_attempted", "no attempt was made", ""),
+    ("AMZN", "summarize", "never_attempted", "earlier stage extract not done", ""),
+    ("MSFT", "summarize", "parse_error", "JSON decode error: unterminated string (attempts: 1)",
+     "main slot 0 task 6: 210 prompt + 512 generated tokens, truncated, stop limit [main.log:53-60]"),
+    # last attempt ended 10:01:05.4; the server request ran to 10:01:20.5 -> 15.1 s more
+    ("NVDA", "extract", "timeout", "client gave up after 30.0 s: read timeout after 30 s (attempts: 2)",
+     "server kept generating: main slot 1 for 15.1 s after the client gave up (4096 tokens, stop limit) "
+     "[main.log:67-80]"),
+    ("NVDA", "summarize", "never_attempted", "earlier stage extract not done", ""),
+    ("TSLA", "summarize", "http_error", "HTTP 503: server busy (attempts: 1)",
+     "rejected before a slot: no slot request in the log"),
+]
+
+
+def test_missing_explains_every_missing_item(tmp_path: Path) -> None:
+    store = ms_store(tmp_path / "store")
+    df = replay.missing(store, "run-ms")
+    assert df.columns == ["item", "stage", "reason", "detail", "evidence"]
+    assert df.rows() == MISSING
+
+
+def test_runs_listing(tmp_path: Path) -> None:
+    store = ms_store(tmp_path / "store")
+    assert replay.runs_table(store).rows(named=True) == [{
+        "run": "run-ms", "np": 2, "items_expected": 5, "items_done": 1, "items_missing": 4, "attempts": 9,
+        "requests": 8, "wall_s": 66.0, "ended": "completed (after 66 s)"}]
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from forensics.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_cli_runs_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ms_store(tmp_path / "store")
+    code, out, err = _main(["runs", "--store", str(tmp_path / "store"), "--format", "csv"], capsys)
+    assert (code, err) == (0, "")
+    assert out == ("run,np,items_expected,items_done,items_missing,attempts,requests,wall_s,ended\n"
+                   "run-ms,2,5,1,4,9,8,66.0,completed (after 66 s)\n")
+    code, out, _ = _main(["missing", "run-ms", "--store", str(tmp_path / "store"), "--format", "json"], capsys)
+    assert code == 0
+    assert [tuple(r.values()) for r in json.loads(out)] == MISSING
+    code, out, err = _main(["missing", "run-42", "--store", str(tmp_path / "store")], capsys)
+    assert (code, out) == (2, "")
+    assert err == "forensics: error: no replay run 'run-42' (known runs: run-ms)\n"
