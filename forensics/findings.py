@@ -205,7 +205,7 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
                      **overrides: float | int | None) -> DeadSlotReport:
     """Dead slots: a slot is dead from the first of two consecutive abnormal requests on it.
 
-    ``recovered`` is true when the slot's last request is normal again; such slots are left out
+    ``recovered`` is true when the slot's last two requests are normal again; such slots are left out
     unless ``include_recovered`` (two bad requests in a row that the slot gets over are usually
     retries of one bad item landing on the same slot).
     """
@@ -227,7 +227,10 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
                       and not _same_item(recs[i], recs[i + 1])), None)
         if start is None:
             continue
-        recovered = not ab[-1]
+        # recovered: the slot ends with two normal requests in a row (one normal request after a dead streak
+        # can be chance, the same "twice in a row" rule that declares it dead)
+        trailing_normal = len(ab) - 1 - max(i for i, a in enumerate(ab) if a)
+        recovered = trailing_normal >= 2
         if recovered and not include_recovered:
             continue
         first = recs[start]

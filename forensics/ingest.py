@@ -173,6 +173,13 @@ class Ingestor:
         head_sha = hashlib.sha256(head).hexdigest()
         prev = self.files_meta.get(fid)
         compression = compression_of(path)
+        if prev is not None and prev.get("head_sha256") == head_sha and stat.st_size == prev.get("size_bytes") \
+                and stat.st_mtime == prev.get("mtime") and prev.get("run") == run \
+                and (self.forced is None or prev.get("format") == self.forced.name) \
+                and (self.mapping is None or not str(prev.get("format", "")).startswith("records")):
+            self.result.files.append(FileReport(str(path), str(prev.get("format")), "unchanged"))
+            done_bytes[0] += stat.st_size
+            return
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None:
             fmt_name = detect_format(path)
@@ -231,6 +238,7 @@ class Ingestor:
 
         self.result.files.append(FileReport(str(path), f"records:{kind}", "pending"))
         self.records.append((path, kind, run))
+        self.changed = True
 
     records: list[tuple[Path, str, str]]
 
@@ -537,21 +545,74 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         if ing.records:
             _ingest_records(ing, store)
         ing.txn.meta_updates["files"] = ing.files_meta
+        changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
+        if changed:
+            ing.txn.meta_updates["join_pending"] = True
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
+        # The join runs as a second commit; a crash between the two leaves join_pending set, so the next
+        # ingest (even of unchanged files) completes it.
+        if store.meta("join_pending"):
+            if store.table("attempts").height:
+                ing.result.warnings.extend(_join_runs(store))
+            else:
+                txn = store.transaction()
+                txn.meta_updates["join_pending"] = None
+                txn.commit()
     return ing.result
 
 
 def _ingest_records(ing: Ingestor, store: Store) -> None:
-    """Hand replay-record files to forensics.replay (loaded lazily; absent in minimal builds)."""
+    """Hand replay-record files to forensics.replay, then account for them in the ``files`` table."""
     from forensics import replay
 
-    hook = getattr(replay, "ingest_into", None)
-    if hook is None:
-        for path, kind, _ in ing.records:
-            ing.result.warnings.append(f"{path}: replay records ({kind}) are not supported by this build")
-        return
-    hook(ing, store)
+    replay.ingest_into(ing, store)
+    reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:")}
+    for path, kind, run in ing.records:
+        rep = reports.get(str(path))
+        stat = path.stat()
+        head_sha = hashlib.sha256(read_head(path, 4096)).hexdigest()
+        good, bad = (rep.parsed, rep.unparsed) if rep is not None else (0, 0)
+        ing._record_file(file_id_of(path), path, run, f"records:{kind}", compression_of(path), stat, head_sha,
+                         stat.st_size, 0, Counter(), good + bad, good, bad, 0, state=None)
+
+
+def _join_runs(store: Store) -> list[str]:
+    """Match replay attempts to server requests and store the result.
+
+    Writes the ``matches`` table and rewrites the requests of the logs the runs used with the absolute
+    times the join anchored (so every server request of a run has a wall-clock time after the join).
+    """
+    from forensics import replay
+
+    res = replay.join_store(store)
+    txn = store.transaction()
+    txn.remove("matches", store.parts("matches"))
+    for (run,), part in res.matches.group_by("run", maintain_order=True):
+        txn.write("matches", schema.conform(part, "matches"), run=str(run), name="join")
+    notes = list(res.notes)
+    joined = res.requests
+    if joined.height:
+        con = store.connect(tables=["requests"])
+        try:
+            have = fetch_pl(con, "SELECT path, count(*) AS n FROM requests GROUP BY path")
+        finally:
+            con.close()
+        have_n = dict(have.iter_rows())
+        for (path,), part in joined.group_by("path", maintain_order=True):
+            if have_n.get(path) != part.height:
+                continue  # the join saw only some of this log's requests: leave them as they are
+            fid = file_id_of(Path(path))
+            txn.remove("requests", [p for p in store.parts("requests") if f"/{fid}-" in p])
+            part = part.with_columns(pl.coalesce("replay_run", "run").alias("run"))
+            for (run,), sub in part.group_by("run", maintain_order=True):
+                txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
+    txn.meta_updates["join_pending"] = None
+    txn.commit()
+    counts = res.counts()
+    notes.append(f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "
+                 f"{counts.get('unmatched', 0)} unmatched")
+    return notes
 
 
 def parse_time(text: str) -> datetime:

@@ -8,9 +8,14 @@
 WITH miss AS (
     SELECT run, item, stage, attempts FROM items WHERE run = $run AND NOT done
 ),
+att AS (
+    SELECT * FROM attempts WHERE run = $run
+),
 last AS (
-    SELECT a.* FROM attempts a JOIN miss m ON a.run = m.run AND a.item = m.item AND a.stage = m.stage
-    QUALIFY row_number() OVER (PARTITION BY a.run, a.item, a.stage ORDER BY a.attempt DESC) = 1
+    -- the run's attempts are filtered first: DuckDB 2.0 returned other runs' rows when a window ran over a
+    -- join on the hive partition column
+    SELECT a.* FROM att a JOIN miss m ON a.item = m.item AND a.stage = m.stage
+    QUALIFY row_number() OVER (PARTITION BY a.item, a.stage ORDER BY a.attempt DESC) = 1
 ),
 stages_seen AS (
     SELECT i.stage, min(a.started_at) AS first_t
