@@ -22,11 +22,13 @@ def demo_scenarios() -> Scenario:
         if np_ == 6:  # a dead slot on main; retries go to the backup instance
             servers.append(Server(name="backup", port=8081, np=2, n_ctx_slot=8192, launch_s=t))
             srv_names = (f"main-np{np_}", "backup")
-            faults = Faults(dead_slots=(DeadSlot(server=f"main-np{np_}", slot=2, from_request=3, mode="slow",
-                                                 slow_factor=60.0),), parse_error_rate=0.02)
+            faults = Faults(dead_slots=(DeadSlot(server=f"main-np{np_}", slot=2, from_request=2, mode="slow",
+                                                 slow_factor=5.0),),
+                            runaways=((items[20], "extract"),), parse_error_rate=0.02)
         if np_ == 8:  # the harness is killed by a watchdog: items at the end are never attempted
             faults = Faults(watchdog_s=70.0)
-        runs.append(Run(run_id=rid, servers=srv_names, items=items, concurrency=np_, start_s=t + 5.0,
+        run_items = tickers(48) if np_ == 6 else items  # long enough for the dead slot to show its pattern
+        runs.append(Run(run_id=rid, servers=srv_names, items=run_items, concurrency=np_, start_s=t + 5.0,
                         timeout_s=120.0, faults=faults, config={"harness": "replay", "np": np_}))
         t += 600.0
     return Scenario(name="demo", servers=tuple(servers), runs=tuple(runs),
