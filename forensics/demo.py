@@ -16,7 +16,6 @@ from forensics.ingest import ingest, summary
 from forensics.store import Store
 
 
-
 @dataclass
 class DemoResult:
     store: Path

@@ -57,7 +57,7 @@ def to_table(df: pl.DataFrame, *, max_width: int = 60) -> str:
 
     def fmt(cells: list[str]) -> str:
         out = []
-        for c, w, num in zip(cells, widths, numeric):
+        for c, w, num in zip(cells, widths, numeric, strict=True):
             out.append(c.rjust(w) if num else c.ljust(w))
         return "  ".join(out).rstrip()
 
