@@ -5,7 +5,7 @@ the store's DuckDB views with bound parameters, on top of ``findings_base.sql`` 
 view).  A request's item and stage come from the ``matches`` table when the store has one with rows;
 otherwise baselines are per run and instance instead of per run and stage.
 
-Library only: no click, no altair.  See docs/findings.md for the rules and their defaults.
+Library only: no click, no altair.  The rules and their defaults are in the README ("Findings").
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from forensics.store import Store, fetch_pl
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The rules' knobs (defaults documented in docs/findings.md)."""
+    """The rules' knobs (defaults documented in the README, "Findings")."""
 
     factor: float = 3.0  # runaway: gen_tokens > factor x the group's `quantile` quantile ...
     quantile: float = 0.9

@@ -635,7 +635,7 @@ def summary(store: Store) -> dict[str, pl.DataFrame]:
                              "requests FROM instances ORDER BY run, instance")
         reqs = fetch_pl(con, "SELECT run, count(*) AS requests, count(DISTINCT instance) AS instances, "
                              "count(DISTINCT instance || '/' || CAST(slot AS VARCHAR)) AS slots, "
-                             "sum(prompt_tokens) AS prompt_tokens, sum(gen_tokens) AS gen_tokens, "
+                             "CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens, CAST(sum(gen_tokens) AS BIGINT) AS gen_tokens, "
                              "count(*) FILTER (WHERE stop_reason = 'error') AS errors, "
                              "count(*) FILTER (WHERE truncated) AS truncated "
                              "FROM requests GROUP BY run ORDER BY run")

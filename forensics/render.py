@@ -10,6 +10,7 @@ import io
 import json
 import math
 from datetime import date, datetime
+from decimal import Decimal
 from typing import Any, TextIO
 
 import polars as pl
@@ -18,6 +19,8 @@ FORMATS = ("table", "csv", "json")
 
 
 def _json_value(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
     if isinstance(v, datetime):
         return v.isoformat().replace("+00:00", "Z")
     if isinstance(v, date):

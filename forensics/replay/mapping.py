@@ -3,7 +3,7 @@
 A mapping names, for each canonical field, where the harness keeps it (a dot path into JSON, a CSV
 column), converts units (s/ms/us/ns durations, epoch or ISO times), maps status values, and sets
 constants or templated defaults (``{stem}``: the data file's name without extensions).  The mapped
-objects then go through the same JSON Schema validation as canonical records.  See docs/replay.md.
+objects then go through the same JSON Schema validation as canonical records.  See the README, "Replay runs".
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def load_mapping(path: Path | str) -> Mapping:
     attempts = _section(data.get("attempts"), "attempts", ATTEMPT_FIELDS, src)
     if manifest is None and attempts is None:
         raise MappingError("the mapping has neither [manifest] nor [attempts]", path=src,
-                           hint="see docs/replay.md for the mapping format")
+                           hint="see the README, section Mapping files, for the format")
     return Mapping(src, str(meta.get("name") or p.stem), fmt, manifest, attempts, meta)
 
 
