@@ -89,7 +89,7 @@ def _instances_for(run: str, server: str | None, servers: dict[str, dict[str, An
     s = servers.get(server or "") if server is not None else None
     if s is not None:
         log_path, log_file, port = s.get("log_path"), s.get("log_file"), s.get("port")
-        hits = [r for r in inst_rows if log_path and _resolved(r["path"]) == log_path]
+        hits = [r for r in inst_rows if log_path and r.get("_resolved", _resolved(r["path"])) == log_path]
         if not hits and log_file:
             base = Path(log_file).name
             hits = [r for r in inst_rows if r["path"] and Path(r["path"]).name == base]
@@ -148,6 +148,46 @@ def _align(att_starts: list[float], att_pairs: list[tuple[float, float]], req_st
     return best, best_cost
 
 
+class _Index:
+    """The requests of one instance, for finding an attempt's candidates without scanning them all."""
+
+    def __init__(self, rs: list[_Req]) -> None:
+        self.timed = bool(rs) and all(r.t0 is not None for r in rs)
+        if self.timed:
+            self.by_time = sorted(rs, key=lambda r: (r.t0, r.idx))
+            self.starts = [r.t0 for r in self.by_time]
+        self.by_slot: dict[Any, list[_Req]] = {}
+        for r in sorted(rs, key=lambda r: (r.seq if r.seq is not None else r.idx, r.idx)):
+            self.by_slot.setdefault(r.slot, []).append(r)
+        self.first_unused = dict.fromkeys(self.by_slot, 0)
+        self.all = rs
+
+
+def _candidates(index: dict[InstKey, _Index], k: InstKey, a: dict[str, Any], tol: float) -> list[_Req]:
+    """Requests of instance ``k`` that could have served attempt ``a`` (a superset; the caller filters)."""
+    ix = index.get(k)
+    if ix is None:
+        return []
+    if ix.timed and a["_t0"] is not None:
+        hi = (a["_t1"] if a["_t1"] is not None else a["_t0"] + 86400.0) + tol
+        lo_i = bisect.bisect_left(ix.starts, a["_t0"] - tol)
+        hi_i = bisect.bisect_right(ix.starts, hi)
+        return ix.by_time[lo_i:hi_i]
+    if ix.timed:
+        return ix.all
+    # order logs: on each slot, the unused requests in order (skipping the used prefix)
+    slots = [a["id_slot"]] if a["id_slot"] is not None and a["id_slot"] in ix.by_slot else list(ix.by_slot)
+    out: list[_Req] = []
+    for sl in slots:
+        lst = ix.by_slot[sl]
+        j = ix.first_unused[sl]
+        while j < len(lst) and lst[j].used:
+            j += 1
+        ix.first_unused[sl] = j
+        out.extend(lst[j:])
+    return out
+
+
 def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
          attempts: pl.DataFrame) -> JoinResult:
     """Match attempts to server requests (see the module docstring)."""
@@ -178,9 +218,15 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
     # which instances each attempt may have reached, and the anchor of each instance
     att_keys: list[list[InstKey]] = []
     launched: dict[InstKey, float] = {}
+    for r in inst_rows:  # resolve each log path once, not once per attempt
+        r["_resolved"] = _resolved(r["path"])
+    key_cache: dict[tuple[str, str | None], list[InstKey]] = {}
     for a in att_rows:
         servers = servers_by_run.get(a["run"], {})
-        keys = _instances_for(a["run"], a["server"], servers, inst_rows)
+        ck = (a["run"], a["server"])
+        if ck not in key_cache:
+            key_cache[ck] = _instances_for(a["run"], a["server"], servers, inst_rows)
+        keys = key_cache[ck]
         att_keys.append(keys)
         s = servers.get(a["server"] or "")
         if s and s.get("launched_at"):
@@ -215,10 +261,14 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
             if not starts:
                 notes.append(f"{k[1]}: elapsed times but no attempts with send times to anchor them")
                 continue
-            pairs = [(a["_t0"], r.e0) for a in mine for r in rs if r.e0 is not None
-                     and a["tokens_evaluated"] is not None and a["tokens_evaluated"] == r.prompt_tokens
-                     and a["tokens_predicted"] is not None and a["tokens_predicted"] == r.gen_tokens
-                     and (a["id_slot"] is None or a["id_slot"] == r.slot)]
+            by_tokens: dict[tuple[int, int], list[_Req]] = {}
+            for r in rs:
+                if r.e0 is not None and r.prompt_tokens is not None and r.gen_tokens is not None:
+                    by_tokens.setdefault((r.prompt_tokens, r.gen_tokens), []).append(r)
+            pairs = [(a["_t0"], r.e0) for a in mine
+                     if a["tokens_evaluated"] is not None and a["tokens_predicted"] is not None
+                     for r in by_tokens.get((a["tokens_evaluated"], a["tokens_predicted"]), ())
+                     if a["id_slot"] is None or a["id_slot"] == r.slot]
             off, cost = _align(starts, pairs, [r.e0 for r in rs if r.e0 is not None])
             tolerance[k] = max(TOLERANCE_S, 2 * cost)
             how = f"aligning attempts with requests (median distance {cost:.3f} s)"
@@ -230,6 +280,7 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
             if r.t1 is None and r.e1 is not None:
                 r.t1 = off + r.e1
 
+    index = {k: _Index(reqs_by_key.get(k, [])) for k in used_keys}
     # match: attempts with server-side evidence (slot or tokens) first, then the rest, each in send order
     order = sorted(range(len(att_rows)), key=lambda i: (
         not (att_rows[i]["id_slot"] is not None or att_rows[i]["tokens_evaluated"] is not None),
@@ -244,7 +295,7 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
             continue
         cands: list[tuple[float, _Req, str]] = []
         for k in keys:
-            for r in reqs_by_key.get(k, []):
+            for r in _candidates(index, k, a, tolerance.get(k, TOLERANCE_S)):
                 if r.used:
                     continue
                 ev = []

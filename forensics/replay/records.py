@@ -7,6 +7,7 @@ number) and the field, and the good records load.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 import polars as pl
 
@@ -115,11 +117,24 @@ def detect(path: Path | str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- validation
 @cache
+@functools.cache
+def _schema(kind: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS_DIR / f"{kind}.schema.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
 def validator(kind: str) -> jsonschema.protocols.Validator:
     """The JSON Schema validator for ``manifest`` or ``attempt`` records."""
-    data = json.loads((SCHEMAS_DIR / f"{kind}.schema.json").read_text(encoding="utf-8"))
+    data = _schema(kind)
     cls = jsonschema.validators.validator_for(data)
     return cls(data)
+
+
+@functools.cache
+def _fast_check(kind: str) -> Any:
+    """A compiled validator (fastjsonschema): most records are valid, and this tells so ~50x faster; the
+    jsonschema validator then explains only the records that fail."""
+    return fastjsonschema.compile(_schema(kind))
 
 
 def _error_field(err: jsonschema.ValidationError) -> str:
@@ -145,6 +160,11 @@ def _error_message(err: jsonschema.ValidationError) -> str:
 
 def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
     """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+    try:
+        _fast_check(kind)(obj)
+        return []
+    except fastjsonschema.JsonSchemaException:
+        pass
     errs = sorted(validator(kind).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
     return [(_error_field(e), _error_message(e)) for e in errs]
 
