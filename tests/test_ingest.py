@@ -121,7 +121,7 @@ def test_line_accounting_on_hostile_input(tmp_path: Path, store_dir: Path, case:
     elif case == "empty":
         data = ERA5.encode() + b"\n\n\n"
     elif case == "long_line":
-        data = ERA5.encode() + b"x" * (3 * 1024 * 1024) + b"\n"
+        data = ERA5.encode() + b"x" * (10 * 1024 * 1024) + b"\n"
     else:  # mixed: era-5 then era-4 bare lines after a restart with other flags
         data = (ERA5 + "build: 4747 (c392e509) with cc (GCC) 12.2.0 for x86_64-linux-gnu\n"
                 "slot launch_slot_: id  0 | task 0 | processing task\n"

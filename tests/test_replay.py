@@ -75,6 +75,7 @@ def test_bad_records_name_file_line_and_field_and_good_ones_load() -> None:
         f"{p}:7: started_at: '2026-03-04T10:00:00' has no UTC offset "
         "(write e.g. 2026-03-04T10:00:00Z or 2026-03-04T10:00:00+02:00)",
         f"{p}:8: timings.prompt_ms: 'slow' is not of type number or null",
+        f"{p}:10: ended_at: ends before started_at",
     ]
     assert recs.attempts.select("item", "attempt", "source_line").rows() == [("AAPL", 1, 1), ("ORCL", 2, 9)]
 
