@@ -53,7 +53,7 @@ def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
     if scaling.knee is not None:
         layers.append(alt.Chart(_data(pl.DataFrame({"x": [scaling.knee], "label": ["knee"]})))
                       .mark_rule(color="#e45756", strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]))
-    return alt.layer(*layers).properties(title=f"Throughput vs {by}: {scaling.sentence}", width=520, height=300)
+    return alt.layer(*layers).properties(title=f"Throughput vs {by}: {scaling.model_sentence or scaling.sentence}", width=520, height=300)
 
 
 def latency_chart(scaling: metrics.Scaling) -> alt.Chart:

@@ -45,11 +45,22 @@ def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -
         path = out / "report.html"
         runs = store.runs_seen()
         if runs:
-            report.write_report(store, runs[-1], path)
-            result.notes.append(f"demo: report written to {path}")
+            run = _most_eventful(result, runs)
+            report.write_report(store, run, path)
+            result.notes.append(f"demo: report on {run} written to {path}")
     except (ImportError, AttributeError) as exc:
         result.notes.append(f"demo: report not available in this build ({exc})")
     return result
+
+
+def _most_eventful(result: DemoResult, runs: list[str]) -> str:
+    """The run with the most findings (dead slots count double), else the last run."""
+    score: dict[str, int] = {}
+    for title, df in result.sections:
+        if title in ("dead slots", "runaways") and "run" in df.columns:
+            for run in df["run"].to_list():
+                score[run] = score.get(run, 0) + (2 if title == "dead slots" else 1)
+    return max(score, key=lambda r: (score[r], r)) if score else runs[-1]
 
 
 def _findings(store: Store, result: DemoResult) -> None:

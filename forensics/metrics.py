@@ -150,6 +150,8 @@ class Scaling:
     knee: float | None
     sentence: str
     notes: list[str] = field(default_factory=list)
+    model_knee: float | None = None  # the knee of the fitted model (see model_knee)
+    model_sentence: str | None = None
 
 
 def _config_values(store: Store | duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
@@ -235,7 +237,35 @@ def scaling(metrics: pl.DataFrame, *, by: str = "np",
         table = table.rename({"x": by})
     fit = fit_line(df["x"].to_list(), df["latency_p50_s"].to_list())
     knee_x, sentence = knee(xv, gain, lat_step, by=by)
-    return Scaling(by, table, fit, knee_x, sentence, notes)
+    m_knee, m_sentence = model_knee(fit, xv, by=by)
+    return Scaling(by, table, fit, knee_x, sentence, notes, m_knee, m_sentence)
+
+
+def model_knee(fit: Fit | None, xs: list[float], *, by: str = "np",
+               threshold: float = KNEE_GAIN) -> tuple[float | None, str | None]:
+    """The knee of the fitted model, which single runs' noise (a retry, a slow request) cannot move.
+
+    With latency L(c) = a + b·c and each of c concurrent requests producing about the same tokens,
+    throughput is T(c) ∝ c / (a + b·c) (each extra request adds the constant marginal cost b).  The knee
+    is the first c (from the runs' smallest value up) after which one more unit adds less than
+    ``threshold`` throughput.  Needs a fit over three or more distinct values with a > 0, b > 0.
+    """
+    if fit is None or fit.n < 3 or len(set(xs)) < 3 or fit.a <= 0 or fit.b <= 0:
+        return None, None
+    label = "np" if by == "np" else by
+    unit = "slot" if by == "np" else f"unit of {by}"
+    c = max(1.0, float(min(xs)))
+    top = max(float(max(xs)), c) * 4
+    while c <= top:
+        t0, t1 = c / fit.predict(c), (c + 1) / fit.predict(c + 1)
+        gain = t1 / t0 - 1
+        if gain < threshold:
+            lat = fit.predict(c + 1) / fit.predict(c) - 1
+            where = "" if c <= max(xs) else f" (beyond the runs' largest {label} {_fmt_x(max(xs))})"
+            return c, (f"fitted latency = {fit.a:.2f} s + {fit.b:.2f} s × {label}: above {label} {_fmt_x(c)} "
+                       f"each extra {unit} adds {gain * 100:.0f} % throughput and {lat * 100:.0f} % latency{where}")
+        c += 1.0
+    return None, None
 
 
 def _per_step(prev: float | None, cur: float | None, dx: float) -> float | None:

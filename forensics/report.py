@@ -194,7 +194,9 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     if sc.fit is not None:
         parts.append(f"<p>Fit: latency_p50_s = {sc.fit.a:.3f} + {sc.fit.b:.3f} × np "
                      f"(b is the seconds one more concurrent request adds; {sc.fit.n} runs).</p>")
-    parts.append(f"<p><b>{esc(sc.sentence)}</b></p>")
+    parts.append(f"<p><b>{esc(sc.sentence)}</b> (measured, step by step)</p>")
+    if sc.model_sentence:
+        parts.append(f"<p><b>{esc(sc.model_sentence)}</b></p>")
     # ---- charts
     parts.append('<h2 id="charts">Charts</h2>')
     chart_list: list[tuple[str, Any]] = [

@@ -175,5 +175,22 @@ def test_throughput_cli_table_json_and_knee_sentence(store_dir: Path) -> None:
         "np,runs,gen_tok_per_s,req_per_s,latency_p50_s,latency_p90_s,effective_concurrency,peak_busy_slots,"
         "throughput_gain_per_step,latency_growth_per_step")
     assert [line.split(",")[0] for line in res.stdout.splitlines()[1:]] == ["1", "2", "4", "8"]
-    assert res.stderr.splitlines()[-1] == "above np 4 each extra slot adds 8 % throughput and 13 % latency"
+    assert res.stderr.splitlines()[-2] == "above np 4 each extra slot adds 8 % throughput and 13 % latency"
+    # fitted: T(c) = c / (8.087 + 1.443 c); T6/T5 - 1 = 9.7 % < 10 % at np 5, latency 16.745/15.302 - 1 = 9.4 %
+    assert res.stderr.splitlines()[-1] == ("fitted latency = 8.09 s + 1.44 s × np: above np 5 each extra slot "
+                                           "adds 10 % throughput and 9 % latency")
     assert res.stderr.splitlines()[0].startswith("fit: latency_p50_s = 8.087 + 1.443 x np")
+
+
+def test_model_knee_from_the_fitted_latency() -> None:
+    # latency = 4 + 1 x np; throughput ~ c / (4 + c): gains per extra slot 67 %, 29 %, 17 %, 11 %, then
+    # (6/10) / (5/9) - 1 = 8 % < 10 % at np 5, while latency grows 10/9 - 1 = 11 %
+    fit = metrics.fit_line([1, 2, 4, 8], [5.0, 6.0, 8.0, 12.0])
+    assert fit is not None and (fit.a, fit.b) == pytest.approx((4.0, 1.0))
+    knee, sentence = metrics.model_knee(fit, [1, 2, 4, 8])
+    assert knee == 5
+    assert sentence == ("fitted latency = 4.00 s + 1.00 s × np: above np 5 each extra slot adds 8 % throughput "
+                        "and 11 % latency")
+    assert metrics.model_knee(fit, [1, 2]) == (None, None)  # too few points to trust a model
+    flat = metrics.fit_line([1, 2, 3], [5.0, 5.0, 5.0])
+    assert metrics.model_knee(flat, [1, 2, 3]) == (None, None)  # no marginal cost: no knee

@@ -53,6 +53,8 @@ def register(cli: click.Group) -> None:
                        f"(b: seconds one more concurrent request adds; {sc.fit.n} runs"
                        + (f", r2 {sc.fit.r2:.2f}" if sc.fit.r2 is not None else "") + ")", err=True)
         click.echo(sc.sentence, err=True)
+        if sc.model_sentence:
+            click.echo(sc.model_sentence, err=True)
 
     @cli.command()
     @click.argument("runs", nargs=-1, required=True)
