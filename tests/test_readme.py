@@ -18,3 +18,11 @@ def test_quick_start_is_two_commands() -> None:
     block = README.split("## Quick start", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     commands = [line for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert [re.split(r"\s+#", c)[0].strip() for c in commands] == ["make demo", "make test"]
+
+
+def test_every_command_is_documented_and_has_help() -> None:
+    from forensics.cli import cli
+
+    for name, command in cli.commands.items():
+        assert f"forensics {name}" in README, f"README does not mention `forensics {name}`"
+        assert (command.help or "").strip(), f"`forensics {name}` has no help text"
