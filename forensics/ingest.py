@@ -607,12 +607,34 @@ def _join_runs(store: Store) -> list[str]:
             part = part.with_columns(pl.coalesce("replay_run", "run").alias("run"))
             for (run,), sub in part.group_by("run", maintain_order=True):
                 txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
+            _anchor_instances(store, txn, res.matches, path, fid)
     txn.meta_updates["join_pending"] = None
     txn.commit()
     counts = res.counts()
     notes.append(f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "
                  f"{counts.get('unmatched', 0)} unmatched")
     return notes
+
+
+def _anchor_instances(store: Store, txn: Any, matches: pl.DataFrame, path: str, fid: str) -> None:
+    """Give the instances of an elapsed-time log the wall-clock start the join anchored them at."""
+    from urllib.parse import unquote
+
+    anchors = matches.filter((pl.col("path") == path) & pl.col("offset_s").is_not_null()).group_by("instance").agg(
+        pl.col("offset_s").first())
+    if anchors.height == 0:
+        return
+    start = (pl.col("offset_s") * 1e6).cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    anchors = anchors.select("instance", start.alias("_anchor"))
+    for rel in [p for p in store.parts("instances") if f"/{fid}-" in p]:
+        run = unquote(rel.split("/")[1].removeprefix("run="))
+        inst = pl.read_parquet(store.root / rel).join(anchors, on="instance", how="left")
+        inst = inst.with_columns(
+            pl.coalesce("started_at", "_anchor").alias("started_at"),
+            pl.when(pl.col("_anchor").is_not_null() & (pl.col("time_basis") == "elapsed")).then(pl.lit("anchored"))
+            .otherwise(pl.col("time_basis")).alias("time_basis")).drop("_anchor")
+        txn.remove("instances", [rel])
+        txn.write("instances", schema.conform(inst, "instances"), run=run, name=f"{fid}-inst-anchored")
 
 
 def parse_time(text: str) -> datetime:

@@ -57,7 +57,8 @@ INSTANCES = [
     Column("host", STR, "listen host when logged"),
     Column("port", I64, "listen port when logged"),
     Column("started_at", TS, "absolute start time when known (anchor or absolute prefix)"),
-    Column("time_basis", STR, "absolute, elapsed, or order (no time on the lines)"),
+    Column("time_basis", STR, "absolute (times on the lines), elapsed, anchored (elapsed, given a wall-clock start by "
+           "--started-at or the replay join), or order (no time on the lines)"),
     Column("line_first", I64, "first line of the instance in the file"),
     Column("line_last", I64, "last line of the instance in the file"),
     Column("requests", I64, "requests the instance served"),
