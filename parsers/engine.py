@@ -216,6 +216,9 @@ class Engine:
                     frame[g] = rec[g]
             frame["__tail"] = rec["tail"] if "tail" in rec.columns else pl.Series([None] * n, dtype=pl.String)
 
+        if fmt.family == "text" and fmt.prefix:
+            # a prefix with nothing after it (`0.00.000.448 I `: an empty log record) is a blank line too
+            blank = blank | (body.str.strip_chars().str.len_bytes() == 0)
         claimed = blank.to_numpy().copy()
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []

@@ -1,8 +1,8 @@
 -- errors: every server-side error and warning line of the chosen runs.
 --
 -- A line counts when its level is a warning or an error (W, E, WARN, WARNING, ERROR, ERR, FATAL, any
--- case), or its kind is send_error, exception, exception_twice, slot_exception, unauthorized or
--- decode_error, or it is an http_request line with status >= 400.  `message` is the error text, else
+-- case), or its kind is send_error, exception, exception_twice, slot_exception, unauthorized,
+-- decode_error or fatal (a llama.cpp/ggml failure line), or it is an http_request line with status >= 400.  `message` is the error text, else
 -- the generic message, else "<METHOD> <status>" for HTTP lines.  `item` comes from matches on the
 -- line's task when present.  findings.py masks the messages into shapes and groups them.
 -- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_matches.
@@ -11,7 +11,7 @@ WITH ev AS (
     WHERE list_contains($runs, run)
       AND (upper(coalesce(level, '')) IN ('W', 'E', 'WARN', 'WARNING', 'ERROR', 'ERR', 'FATAL')
            OR kind IN ('send_error', 'exception', 'exception_twice', 'slot_exception', 'unauthorized',
-                       'decode_error')
+                       'decode_error', 'fatal')
            OR (kind = 'http_request' AND status >= 400))
 ),
 m AS (
