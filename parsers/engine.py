@@ -134,6 +134,10 @@ class Engine:
         self._record_re = fmt.record
         # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
         self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
+        heads = [w.regex.removeprefix("^") for w in self.wrappers.prefixes]
+        heads += [j.detect.removeprefix("^") for j in self.wrappers.json]
+        heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
+        self._any_wrapper = "^(?:" + "|".join(f"(?:{h})" for h in heads) + ")"
 
     # ------------------------------------------------------------------ wrappers
     def unwrap(self, raw: pl.Series) -> tuple[pl.Series, pl.DataFrame, set[str]]:
@@ -146,6 +150,10 @@ class Engine:
             for name, pattern in self.wrappers.strip.items():
                 text = text.str.replace_all(pattern, "")
                 seen.add(name)
+        # One scan tells whether any wrapper starts any line; most logs have none.  (Wrappers nest from the
+        # outside in, so when no line starts with any of them, no inner one can apply either.)
+        if not text.str.contains(self._any_wrapper).any():
+            return text, pl.DataFrame(), seen
         for jw in self.wrappers.json:
             cand = text.str.contains(jw.detect) & ~text.str.contains(jw.exclude)
             if not cand.any():
