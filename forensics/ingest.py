@@ -369,9 +369,20 @@ class Ingestor:
     def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame],
                         prev: dict | None, fid: str, path: Path, run: str, fmt: Format, label: str,
                         part_name: str) -> int:
-        for k, i, n in final.group_by("ikey", "instance_no").agg(pl.len().alias("n")).iter_rows():
+        seen = final.group_by("ikey", "instance_no").agg(pl.len().alias("n"))
+        for k, i, n in seen.iter_rows():
             req_counts[(int(k), int(i))] += int(n)
-        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
+        # The requests need only each instance's name and slot context: rebuild the instance table only when
+        # an instance appears that the last one did not know, or whose slot context was still unknown.
+        known = getattr(self, "_inst_known", {})
+        wanted = {(int(k), int(i)) for k, i, _ in seen.iter_rows()}
+        if fid != getattr(self, "_inst_fid", None) or any(known.get(w) is None for w in wanted):
+            instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
+            self._inst_fid = fid
+            self._inst_known = {(int(k), int(i)): c for k, i, c in
+                                self._instances_full.select("ikey", "instance_no", "n_ctx_slot").iter_rows()}
+        else:
+            instances = None
         out = self._requests_frame(final, path, label, instances)
         self.txn.write("requests", out, run=run, name=f"{fid}-req-{part_name}")
         return out.height
@@ -389,8 +400,21 @@ class Ingestor:
         ev = ev.with_columns([(pl.col(c) if c in ev.columns else pl.lit(None, dtype=t)).cast(t).alias(c)
                               for c, t in cols.items()])
         not_router_listen = ~pl.col("kind").is_in(["router_spawn", "router_proxy"])
-        return ev.group_by("ikey", "instance_no").agg(
+        keys = ["ikey", "instance_no"]
+        # cheap aggregations over every line; the fact columns only over the few lines that carry one
+        light = ev.group_by(keys).agg(
             pl.col("line_no").min().alias("line_first"), pl.col("line_no").max().alias("line_last"),
+            pl.col("slot").drop_nulls().n_unique().alias("slots_seen"),
+            pl.col("slot").max().alias("max_slot"),
+            pl.col("elapsed_s").drop_nulls().first().alias("elapsed_first"),
+            pl.col("abs_time").min().alias("abs_first"),
+            pl.col("abs_time").count().alias("n_abs"),
+            pl.col("elapsed_s").count().alias("n_elapsed"),
+        )
+        fact_cols = ["build", "commit", "model", "n_ctx", "n_slots", "n_ctx_slot", "n_ctx_train", "host", "port",
+                     "n_seq_max"]
+        facts = ev.filter(pl.any_horizontal([pl.col(c).is_not_null() for c in fact_cols]))
+        heavy = facts.group_by(keys).agg(
             pl.col("build").drop_nulls().first(), pl.col("commit").drop_nulls().first(),
             pl.col("model").filter(pl.col("kind").is_in(["load_model", "rec_load_model"])).drop_nulls().first()
             .alias("model_path"),
@@ -403,13 +427,8 @@ class Ingestor:
             .drop_nulls().first(),
             pl.col("port").filter(pl.col("kind").str.contains("listening")).drop_nulls().first(),
             pl.col("n_seq_max").drop_nulls().first(),
-            pl.col("slot").drop_nulls().n_unique().alias("slots_seen"),
-            pl.col("slot").drop_nulls().max().alias("max_slot"),
-            pl.col("elapsed_s").drop_nulls().first().alias("elapsed_first"),
-            pl.col("abs_time").sort_by("line_no").drop_nulls().first().alias("abs_first"),
-            pl.col("abs_time").drop_nulls().len().alias("n_abs"),
-            pl.col("elapsed_s").drop_nulls().len().alias("n_elapsed"),
         )
+        return light.join(heavy, on=keys, how="left")
 
     def _instances(self, rows: list[pl.DataFrame], prev: dict | None, fid: str, path: Path, run: str, fmt: Format,
                    label: str, req_counts: Counter) -> pl.DataFrame:
@@ -452,7 +471,8 @@ class Ingestor:
         self._instances_full = keep
         return schema.conform(keep, "instances").drop("run")
 
-    def _requests_frame(self, reqs: pl.DataFrame, path: Path, label: str, instances: pl.DataFrame) -> pl.DataFrame:
+    def _requests_frame(self, reqs: pl.DataFrame, path: Path, label: str,
+                        instances: pl.DataFrame | None) -> pl.DataFrame:
         if reqs.height == 0:
             return schema.empty("requests").drop("run")
         reqs = reqs.join(self._inst_keys, on=["ikey", "instance_no"], how="left")
