@@ -352,7 +352,7 @@ def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_
 
 # ---------------------------------------------------------------------------------------- classes
 def call_optional(module: str, names: tuple[str, ...], store: Store, run: str | None = None) -> tuple[Any, str]:
-    """Call the first of ``names`` found in ``module`` (another developer's findings) for ``run``.
+    """Call the first of ``names`` found in ``module`` (the findings and replay modules) for ``run``.
 
     Returns (result, "") on success and (None, reason) when the module or function is not available
     or the call failed.  Passes ``run=``/``runs=`` when the function takes it; the caller filters
