@@ -13,6 +13,7 @@ import fnmatch
 import io
 import json
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +59,8 @@ class FieldSpec:
     map: dict[str, Any] | None = None
     default: Any = None
     const: Any = _MISSING
+    optional: bool = False  # the data may lack it (older tool versions): no error, the value is null
+    alternatives: tuple[str, ...] = ()  # path = [a, b, ...]: the first one the data file has (tool versions)
 
 
 @dataclass(frozen=True)
@@ -146,10 +149,13 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
                                hint=f"fields: {', '.join(allowed)}")
         if isinstance(spec, str):
             specs.append(FieldSpec(key, spec))
+        elif isinstance(spec, list) and spec and all(isinstance(x, str) for x in spec):
+            specs.append(FieldSpec(key, spec[0], alternatives=tuple(spec)))
         elif isinstance(spec, dict):
-            bad = set(spec) - {"path", "unit", "scale", "map", "default"}
+            bad = set(spec) - {"path", "unit", "scale", "map", "default", "optional"}
             if bad or "path" not in spec:
-                raise MappingError(f"[{name}.fields] {key}: give path and optionally unit, scale, map, default"
+                raise MappingError(f"[{name}.fields] {key}: give path and optionally unit, scale, map, default, "
+                                   "optional"
                                    + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
             unit = spec.get("unit")
             kind = allowed[key]
@@ -159,7 +165,11 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
                     raise MappingError(f"[{name}.fields] {key}: unit {unit!r} does not apply"
                                        + (f" (use one of {', '.join(units)})" if units else
                                           " (units apply to times and *_ms durations; use scale)"), path=src)
-            specs.append(FieldSpec(key, spec["path"], unit, spec.get("scale"), spec.get("map"), spec.get("default")))
+            path = spec["path"]
+            alts = tuple(path) if isinstance(path, list) else ()
+            specs.append(FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), spec.get("map"),
+                                   spec.get("default"), optional=bool(spec.get("optional", False)),
+                                   alternatives=alts))
         else:
             raise MappingError(f"[{name}.fields] {key}: expected a path string or a table", path=src)
     for key, value in _flatten_fields(raw.get("set", {})).items():
@@ -320,7 +330,7 @@ def _check_fields(section: Section, rows: list[_Row], mapping: Mapping, sec: str
     if not rows:
         return
     for spec in section.fields:
-        if spec.path is None or spec.path in SPECIALS:
+        if spec.path is None or spec.path in SPECIALS or spec.optional:
             continue
         if all(get_path(r.obj, spec.path) is _MISSING for r in rows):
             keys = sorted({k for r in rows[:50] if isinstance(r.obj, dict) for k in r.obj})
@@ -340,6 +350,8 @@ def _parallel(section: Section, doc: Any, mapping: Mapping, data: Path) -> list[
             if spec.path is None or spec.path in SPECIALS:
                 continue
             v = get_path(root, spec.path)
+            if v is _MISSING and spec.optional:
+                continue
             if v is _MISSING:
                 keys = sorted(root) if isinstance(root, dict) else []
                 raise MappingError(
@@ -402,6 +414,20 @@ class _Invalid:
     message: str
 
 
+def _resolve(section: Section, objs: list[Any]) -> Section:
+    """Pick, for each field with alternative paths, the first alternative that this data file has."""
+    if not any(spec.alternatives for spec in section.fields):
+        return section
+    specs = []
+    for spec in section.fields:
+        if spec.alternatives:
+            found = next((a for a in spec.alternatives
+                          if any(_lookup(o, a) is not _MISSING for o in objs[:200])), spec.alternatives[0])
+            spec = dataclasses.replace(spec, path=found)
+        specs.append(spec)
+    return dataclasses.replace(section, fields=tuple(specs))
+
+
 def apply(mapping: Mapping, data: Path | str) -> list[RawRecord]:
     """Raw (canonical-shaped, not yet validated) records of ``data`` read through ``mapping``."""
     data = Path(data)
@@ -415,6 +441,7 @@ def apply(mapping: Mapping, data: Path | str) -> list[RawRecord]:
             rows = [_Row(doc[0], 0, "", lines[0] if lines else None)] if doc else []
         else:
             rows = [_Row(o, 0, label, None) for o, label in select(doc, sec.paths[0])][:1]
+        sec = _resolve(sec, [r.obj for r in rows])
         _check_fields(sec, rows, mapping, "manifest", data)
         for row in rows:
             out.append(RawRecord("manifest", _build(sec, MANIFEST_FIELDS, row, data), str(data), row.line,
@@ -422,9 +449,11 @@ def apply(mapping: Mapping, data: Path | str) -> list[RawRecord]:
     if mapping.attempts is not None and mapping.attempts.applies_to(data):
         sec = mapping.attempts
         if sec.layout == "parallel_arrays":
+            sec = _resolve(sec, [o for p in sec.paths for o, _ in select(doc, p)])
             rows = _parallel(sec, doc, mapping, data)
         else:
             rows = _rows(doc, sec, fmt, lines)
+            sec = _resolve(sec, [r.obj for r in rows if not isinstance(r.obj, _Invalid)])
             _check_fields(sec, [r for r in rows if not isinstance(r.obj, _Invalid)], mapping, "attempts", data)
         for row in rows:
             if isinstance(row.obj, _Invalid):
