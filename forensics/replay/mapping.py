@@ -9,11 +9,11 @@ objects then go through the same JSON Schema validation as canonical records.  S
 from __future__ import annotations
 
 import csv
+import dataclasses
 import fnmatch
 import io
 import json
 import sys
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
