@@ -151,7 +151,7 @@ def mask_shape(text: str) -> str:
 class Ingestor:
     def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,
                  progress: Callable[[int, int], None] | None = None, keep_going: bool = False,
-                 mapping: Path | None = None) -> None:
+                 mapping: Path | None = None, tz: str = "UTC") -> None:
         self.store = store
         self.run = run
         self.forced = get_format(fmt) if fmt else None
@@ -159,6 +159,7 @@ class Ingestor:
         self.progress = progress
         self.keep_going = keep_going
         self.mapping = mapping
+        self.tz = check_tz(tz)
         self.result = IngestResult()
         self.unknown = Counter[str]()
         self.txn = store.transaction()
@@ -175,6 +176,7 @@ class Ingestor:
         compression = compression_of(path)
         if prev is not None and prev.get("head_sha256") == head_sha and stat.st_size == prev.get("size_bytes") \
                 and stat.st_mtime == prev.get("mtime") and prev.get("run") == run \
+                and prev.get("tz", "UTC") == self.tz \
                 and (self.forced is None or prev.get("format") == self.forced.name) \
                 and (self.mapping is None or not str(prev.get("format", "")).startswith("records")):
             self.result.files.append(FileReport(str(path), str(prev.get("format")), "unchanged"))
@@ -287,7 +289,7 @@ class Ingestor:
         inst_rows: list[pl.DataFrame] = []
         def classify(chunk: Any) -> Any:
             res = engine.classify(chunk.lines, chunk.first_line_no, Carry())
-            return chunk, res, assemble.parse_abs_time(res.events, year_hint=year)
+            return chunk, res, assemble.parse_abs_time(res.events, year_hint=year, tz=self.tz)
 
         # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
         # requests and writes parts in file order; at most WORKERS + 1 chunks are in memory at once.
@@ -357,7 +359,7 @@ class Ingestor:
                           rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, n_requests,
                           state={"last_kind": carry.last_kind,
                                  "keys": {str(k): vars(v) for k, v in astate.keys.items()},
-                                 "wrappers": sorted(wrappers_seen),
+                                 "wrappers": sorted(wrappers_seen), "tz": self.tz,
                                  "seq": builder.seq, "requests": n_requests,
                                  "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()},
                                  "inst_facts": instances.drop("started_at", "requests").to_dicts()
@@ -541,8 +543,18 @@ def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
 
 
+def check_tz(tz: str) -> str:
+    """``tz`` if it is a time zone polars knows (IANA names such as Europe/Berlin, or UTC)."""
+    try:
+        pl.Series([datetime(2026, 1, 1)]).dt.replace_time_zone(tz)
+    except Exception as exc:  # polars raises ComputeError for unknown zones
+        raise InputError(f"unknown time zone {tz!r}", hint="use an IANA name such as Europe/Berlin, or UTC") from exc
+    return tz
+
+
 def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,
            started_at: datetime | None = None, keep_going: bool = False, mapping: Path | None = None,
+           tz: str = "UTC",
            progress: Callable[[int, int], None] | None = None, on_wait: Callable[[], None] | None = None,
            ) -> IngestResult:
     """Ingest files and folders into the store at ``store_path`` (created if missing)."""
@@ -550,7 +562,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
-                       mapping=mapping)
+                       mapping=mapping, tz=tz)
         ing.records = []
         total = sum(f.stat().st_size for f, _ in files)
         done = [0]

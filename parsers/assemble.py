@@ -415,8 +415,11 @@ def epoch_to_dt(values: pl.Series) -> pl.Series:
     return (secs * 1_000_000).cast(pl.Int64, strict=False).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
 
 
-def parse_abs_time(ev: pl.DataFrame, *, year_hint: int) -> pl.DataFrame:
-    """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch)."""
+def parse_abs_time(ev: pl.DataFrame, *, year_hint: int, tz: str = "UTC") -> pl.DataFrame:
+    """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch).
+
+    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name).
+    """
     out = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     if "abs_raw" in ev.columns:
         raw = ev["abs_raw"]
@@ -424,12 +427,15 @@ def parse_abs_time(ev: pl.DataFrame, *, year_hint: int) -> pl.DataFrame:
         val = raw.str.split_exact("|", 1).struct.field("field_1")
         iso = val.str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
             r"([+-]\d\d)(\d\d)$", "$1:$2")
-        iso = pl.select(pl.when(iso.str.contains(r"[+-]\d\d:\d\d$")).then(iso).otherwise(iso + "+00:00")).to_series()
         iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
-        iso_dt = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
+        zoned = iso.str.contains(r"[+-]\d\d:\d\d$")
+        iso_z = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
+        iso_n = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="us") \
+            .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
+        iso_dt = pl.select(pl.when(zoned).then(iso_z).otherwise(iso_n)).to_series()
         sys_dt = (pl.lit(str(year_hint)) + " " + val.str.replace(r"  ", " 0")).alias("x")
         sys_dt = pl.select(sys_dt).to_series().str.to_datetime("%Y %b %d %H:%M:%S%.f", strict=False, time_unit="us") \
-            .dt.replace_time_zone("UTC")
+            .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
         ep_dt = epoch_to_dt(val)
         out = pl.select(
             pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_dt).when(kind == "epoch").then(ep_dt)

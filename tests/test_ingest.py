@@ -14,7 +14,7 @@ import zstandard
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.errors import UnknownFormatError
+from forensics.errors import InputError, UnknownFormatError
 from forensics.ingest import ingest
 from forensics.store import Store
 from tests.conftest import SHARED
@@ -252,3 +252,19 @@ def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.Mo
         Store(one).table("requests").select(cols).sort("line_first"))
     keep = ["lines_total", "lines_parsed", "lines_skipped", "lines_unparsed", "skipped_by_kind"]
     assert Store(many).table("files").select(keep).rows() == Store(one).table("files").select(keep).rows()
+
+
+def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
+    """journald writes local time without a zone: --tz says which (CEST is UTC+2 in August)."""
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"Aug 23 12:00:{15 + i:02d} gpu1 llama-server[42]: {line}\n"
+                           for i, line in enumerate(ERA5.splitlines())))
+    os.utime(log, (1_787_000_000, 1_787_000_000))  # mtime in 2026: the year of the syslog times
+    ingest(tmp_path / "utc", [log], run="r")
+    ingest(tmp_path / "berlin", [log], run="r", tz="Europe/Berlin")
+    utc = _requests(tmp_path / "utc").row(0, named=True)["t_start"]
+    berlin = _requests(tmp_path / "berlin").row(0, named=True)["t_start"]
+    assert utc.isoformat() == "2026-08-23T12:00:21+00:00"  # line 7 of the log: second 15 + 6
+    assert berlin.isoformat() == "2026-08-23T10:00:21+00:00"
+    with pytest.raises(InputError):
+        ingest(tmp_path / "bad", [log], tz="Mars/Olympus")

@@ -23,9 +23,11 @@ def register(cli: click.Group) -> None:
     @click.option("--mapping", type=click.Path(path_type=Path, exists=True), default=None,
                   help="TOML mapping for another harness's records.")
     @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
+    @click.option("--tz", default="UTC", show_default=True,
+                  help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
     @cli_mod.store_option
     def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
-               mapping: Path | None, keep_going: bool, store_path: Path | None) -> None:
+               mapping: Path | None, keep_going: bool, tz: str, store_path: Path | None) -> None:
         """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store."""
         store_dir = cli_mod.resolve_store(store_path)
         t0 = time.monotonic()
@@ -33,7 +35,7 @@ def register(cli: click.Group) -> None:
         result = ingest_mod.ingest(
             store_dir, list(paths), run=run, fmt=fmt,
             started_at=ingest_mod.parse_time(started_at) if started_at else None,
-            keep_going=keep_going, mapping=mapping, progress=bar.update,
+            keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...", err=True),
         )
         bar.close()
