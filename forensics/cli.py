@@ -54,6 +54,8 @@ def cli() -> None:
     forensics runaways run-42         outputs that ran away
     forensics missing run-42          items missing from a run, and why
     forensics throughput              throughput vs concurrency across runs
+
+    Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error.
     """
 
 

@@ -151,7 +151,7 @@ def mask_shape(text: str) -> str:
 class Ingestor:
     def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,
                  progress: Callable[[int, int], None] | None = None, keep_going: bool = False,
-                 mapping: Path | None = None, tz: str = "UTC") -> None:
+                 mapping: Path | str | None = None, tz: str = "UTC") -> None:
         self.store = store
         self.run = run
         self.forced = get_format(fmt) if fmt else None
@@ -553,12 +553,16 @@ def check_tz(tz: str) -> str:
 
 
 def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,
-           started_at: datetime | None = None, keep_going: bool = False, mapping: Path | None = None,
+           started_at: datetime | None = None, keep_going: bool = False, mapping: Path | str | None = None,
            tz: str = "UTC",
            progress: Callable[[int, int], None] | None = None, on_wait: Callable[[], None] | None = None,
            ) -> IngestResult:
     """Ingest files and folders into the store at ``store_path`` (created if missing)."""
     files = discover(paths)
+    if mapping is not None:  # a bad mapping fails before anything is read
+        from forensics import replay
+
+        replay.load_mapping(mapping)
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,

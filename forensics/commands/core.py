@@ -14,20 +14,23 @@ def register(cli: click.Group) -> None:
     from forensics import ingest as ingest_mod
     from forensics.render import render
     from forensics.store import Store, fetch_pl
+    from parsers.spec import load_formats
 
     @cli.command()
     @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
     @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
-    @click.option("--format", "fmt", default=None, help="Force a log format (default: detected from content).")
+    @click.option("--format", "fmt", type=click.Choice(sorted(load_formats())), default=None,
+                  help="Force a log format (default: detected from each file's content).")
     @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
-    @click.option("--mapping", type=click.Path(path_type=Path, exists=True), default=None,
-                  help="TOML mapping for another harness's records.")
+    @click.option("--mapping", default=None,
+                  help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "
+                       "guidellm, aiperf).")
     @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
     @click.option("--tz", default="UTC", show_default=True,
                   help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
     @cli_mod.store_option
     def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
-               mapping: Path | None, keep_going: bool, tz: str, store_path: Path | None) -> None:
+               mapping: str | None, keep_going: bool, tz: str, store_path: Path | None) -> None:
         """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store."""
         store_dir = cli_mod.resolve_store(store_path)
         t0 = time.monotonic()
