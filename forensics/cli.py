@@ -42,7 +42,18 @@ def resolve_store(path: Path | None) -> Path:
     return path if path is not None else default_store_path()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class ForensicsGroup(click.Group):
+    """Turns the library's errors into one line on stderr and their exit code, for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ForensicsError as exc:
+            click.echo(f"forensics: error: {exc.one_line()}", err=True)
+            ctx.exit(int(exc.exit_code))
+
+
+@click.group(cls=ForensicsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="llama-forensics")
 def cli() -> None:
     """Forensics for llama-server logs and batch replay runs.

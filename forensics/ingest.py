@@ -571,31 +571,58 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         total = sum(f.stat().st_size for f, _ in files)
         done = [0]
         for path, root in files:
+            point = ing.txn.savepoint()
+            meta_before = ing.files_meta.get(file_id_of(path))
             try:
                 ing.ingest_file(path, root, total, done)
             except ForensicsError as exc:
-                if not keep_going:
-                    raise
+                # the other files still load: undo this file's partial work and go on
+                ing.txn.rollback_to(point)
+                if meta_before is None:
+                    ing.files_meta.pop(file_id_of(path), None)
+                else:
+                    ing.files_meta[file_id_of(path)] = meta_before
                 ing.result.errors.append(exc.one_line())
                 ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
         if ing.records:
-            _ingest_records(ing, store)
+            wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
+            try:
+                _ingest_records(ing, store)
+            finally:
+                ing.keep_going = wanted
         ing.txn.meta_updates["files"] = ing.files_meta
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
             ing.txn.meta_updates["join_pending"] = True
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
-        # The join runs as a second commit; a crash between the two leaves join_pending set, so the next
-        # ingest (even of unchanged files) completes it.
-        if store.meta("join_pending"):
-            if store.table("attempts").height:
-                ing.result.warnings.extend(_join_runs(store))
-            else:
-                txn = store.transaction()
-                txn.meta_updates["join_pending"] = None
-                txn.commit()
+        _finish_join(store, ing)
+        if ing.result.errors and not keep_going:
+            raise FilesNotRead(ing.result)
     return ing.result
+
+
+class FilesNotRead(InputError):
+    """Some files could not be read; the others were ingested (``result`` says which is which)."""
+
+    def __init__(self, result: IngestResult) -> None:
+        self.result = result
+        n = len(result.errors)
+        super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read; the others were ingested",
+                         hint="fix or remove them, or pass --keep-going to accept this")
+
+
+def _finish_join(store: Store, ing: Ingestor) -> None:
+    """The join runs as a second commit; a crash between the two leaves join_pending set, so the next
+    ingest (even of unchanged files) completes it."""
+    if not store.meta("join_pending"):
+        return
+    if store.table("attempts").height:
+        ing.result.warnings.extend(_join_runs(store))
+    else:
+        txn = store.transaction()
+        txn.meta_updates["join_pending"] = None
+        txn.commit()
 
 
 def _ingest_records(ing: Ingestor, store: Store) -> None:

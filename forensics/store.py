@@ -104,6 +104,22 @@ class Transaction:
     def remove(self, table: str, rel_paths: list[str]) -> None:
         self.removes.setdefault(table, set()).update(rel_paths)
 
+    def savepoint(self) -> tuple[int, dict[str, int], dict[str, set[str]]]:
+        """A point to roll back to if the work that follows fails (one file of an ingest, say)."""
+        return (len(self.staged), {t: len(v) for t, v in self.adds.items()},
+                {t: set(v) for t, v in self.removes.items()})
+
+    def rollback_to(self, point: tuple[int, dict[str, int], dict[str, set[str]]]) -> None:
+        """Forget everything staged since ``point`` and delete the parts it wrote."""
+        self.flush()
+        n_staged, n_adds, removes = point
+        for tmp, _ in self.staged[n_staged:]:
+            (self.store.root / tmp).unlink(missing_ok=True)
+        del self.staged[n_staged:]
+        for table in list(self.adds):
+            del self.adds[table][n_adds.get(table, 0):]
+        self.removes = {t: set(v) for t, v in removes.items()}
+
     def commit(self) -> None:
         self.flush()
         self.store._commit(self)

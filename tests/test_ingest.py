@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.errors import InputError, UnknownFormatError
-from forensics.ingest import ingest
+from forensics.ingest import FilesNotRead, ingest
 from forensics.store import Store
 from tests.conftest import SHARED
 
@@ -197,20 +197,23 @@ def test_unknown_file_fails_clearly_unless_keep_going(tmp_path: Path, store_dir:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "server.log").write_text(ERA5)
     (tmp_path / "logs" / "notes.txt").write_text("shopping list\nmilk\n")
-    with pytest.raises(UnknownFormatError):
+    with pytest.raises(FilesNotRead) as exc:
         ingest(store_dir, [tmp_path / "logs"])
-    runner = CliRunner()
-    res = runner.invoke(cli, ["ingest", "--store", str(store_dir), str(tmp_path / "logs")], catch_exceptions=False,
-                        standalone_mode=False) if False else None
-    from forensics.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(["ingest", "--store", str(store_dir), str(tmp_path / "logs")])
-    assert exc.value.code == 2
-    del res
-    result = ingest(store_dir, [tmp_path / "logs"], keep_going=True)
+    assert exc.value.result.errors == [
+        f"{tmp_path / 'logs' / 'notes.txt'}: not a llama-server log or replay record this version knows (pass "
+        "--format NAME to force a log format, --mapping FILE for harness records, or --keep-going to load the "
+        "other files)"]
+    assert _requests(store_dir).height == 1  # the other files still load
+    res = CliRunner().invoke(cli, ["ingest", "--store", str(tmp_path / "cli"), str(tmp_path / "logs")])
+    assert res.exit_code == 2
+    assert f"error     {tmp_path / 'logs' / 'notes.txt'}  ?  {tmp_path / 'logs' / 'notes.txt'}: not a llama-server log" \
+        in res.stderr
+    assert res.stderr.splitlines()[-1] == ("forensics: error: 1 file could not be read; the others were ingested "
+                                           "(fix or remove them, or pass --keep-going to accept this)")
+    assert _requests(tmp_path / "cli").height == 1
+    result = ingest(tmp_path / "kg", [tmp_path / "logs"], keep_going=True)
     assert [f.status for f in result.files] == ["error", "ingested"]
-    assert _requests(store_dir).height == 1
+    assert _requests(tmp_path / "kg").height == 1
 
 
 def test_cli_sql_json_and_exit_codes(tmp_path: Path, store_dir: Path) -> None:

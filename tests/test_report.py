@@ -99,7 +99,7 @@ def test_unknown_run(tmp_path: Path) -> None:
     basic_store(tmp_path / "store")
     res = CliRunner().invoke(cli, ["report", "nope", "--store", str(tmp_path / "store"), "-o",
                                    str(tmp_path / "r.html")])
-    assert res.exit_code != 0 and "no run 'nope'" in str(res.exception)
+    assert res.exit_code == 2 and "forensics: error: no run 'nope'" in res.stderr
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -35,12 +35,17 @@ def register(cli: click.Group) -> None:
         store_dir = cli_mod.resolve_store(store_path)
         t0 = time.monotonic()
         bar = _Progress(t0)
-        result = ingest_mod.ingest(
-            store_dir, list(paths), run=run, fmt=fmt,
-            started_at=ingest_mod.parse_time(started_at) if started_at else None,
-            keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
-            on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...", err=True),
-        )
+        failed: ingest_mod.FilesNotRead | None = None
+        try:
+            result = ingest_mod.ingest(
+                store_dir, list(paths), run=run, fmt=fmt,
+                started_at=ingest_mod.parse_time(started_at) if started_at else None,
+                keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
+                on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
+                                           err=True),
+            )
+        except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2
+            failed, result = exc, exc.result
         bar.close()
         for f in result.files:
             line = f"{f.status:<9} {f.path}  {f.kind}"
@@ -52,8 +57,10 @@ def register(cli: click.Group) -> None:
             click.echo(line, err=True)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
+        shown = {f.message for f in result.files if f.status == "error"}
         for e in result.errors:
-            click.echo(f"error: {e}", err=True)
+            if e not in shown:
+                click.echo(f"error: {e}", err=True)
         t = result.totals
         click.echo(f"total: files={len(result.files)} lines={t['lines']} parsed={t['parsed']} "
                    f"skipped={t['skipped']} unparsed={t['unparsed']} requests={t['requests']} "
@@ -62,6 +69,8 @@ def register(cli: click.Group) -> None:
             click.echo("most common unknown line shapes:", err=True)
             for shape, n in result.unknown_shapes:
                 click.echo(f"  {n:>7}  {shape}", err=True)
+        if failed is not None:
+            raise failed
 
     @cli.command()
     @click.argument("query")
