@@ -14,7 +14,7 @@ import zstandard
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.errors import InputError, UnknownFormatError
+from forensics.errors import InputError
 from forensics.ingest import FilesNotRead, ingest
 from forensics.store import Store
 from tests.conftest import SHARED
