@@ -204,8 +204,12 @@ class Ingestor:
         fmt = get_format(fmt_name)
         start_offset, start_line, status = 0, 0, "ingested"
         state_in = None
+        dropped: dict[str, list[str]] = {}
         if prev is not None:
-            same_head = prev.get("head_sha256") == head_sha
+            # the hash covered at most the first 4 KiB the file had then: compare the same bytes now, so a
+            # small log that grew is recognised as grown, not replaced
+            covered = min(len(head), int(prev.get("size_bytes", 0)))
+            same_head = prev.get("head_sha256") == hashlib.sha256(head[:covered]).hexdigest()
             grew = stat.st_size >= prev.get("size_bytes", 0)
             if same_head and stat.st_size == prev.get("size_bytes") and stat.st_mtime == prev.get("mtime") \
                     and prev.get("format") == fmt_name and prev.get("run") == run:
@@ -218,11 +222,13 @@ class Ingestor:
                 state_in = prev
             else:
                 status = "replaced" if prev.get("run") == run else "ingested"
-            self._drop_file_parts(fid)
-            if status == "appended":
-                self._keep_prior_parts(fid, keep=("events", "unparsed", "requests"))
+            dropped = self._drop_file_parts(fid)
+            if status == "appended":  # the earlier rows stay; the carried state and the open requests go
+                for table in ("events", "unparsed", "requests"):
+                    keep = [p for p in dropped.get(table, []) if f"/{fid}-req-open-" not in p]
+                    self.txn.removes.get(table, set()).difference_update(keep)
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
-                    total_bytes, done_bytes)
+                    total_bytes, done_bytes, dropped)
 
     def _records_kind(self, path: Path) -> str | None:
         try:
@@ -244,23 +250,19 @@ class Ingestor:
 
     records: list[tuple[Path, str, str]]
 
-    def _drop_file_parts(self, fid: str) -> None:
-        self._dropped = getattr(self, "_dropped", {})
+    def _drop_file_parts(self, fid: str) -> dict[str, list[str]]:
+        """Stage the removal of every part this file wrote before; return them by table."""
+        dropped: dict[str, list[str]] = {}
         for table, parts in self.store.manifest["parts"].items():
             mine = [p for p in parts if f"/{fid}-" in p]
             if mine:
-                self._dropped.setdefault(table, []).extend(mine)
+                dropped[table] = mine
                 self.txn.remove(table, mine)
-
-    def _keep_prior_parts(self, fid: str, keep: tuple[str, ...]) -> None:
-        for table in keep:
-            mine = [p for p in self._dropped.get(table, [])]
-            if mine:
-                self.txn.removes[table] -= set(mine)
+        return dropped
 
     def _parse(self, path: Path, fid: str, run: str, fmt: Format, compression: str | None, stat: Any,
                head_sha: str, start_offset: int, start_line: int, status: str, prev: dict | None,
-               total_bytes: int, done_bytes: list[int]) -> None:
+               total_bytes: int, done_bytes: list[int], dropped: dict[str, list[str]]) -> None:
         from parsers.reader import ReadState
 
         engine = Engine(fmt)
@@ -271,7 +273,7 @@ class Ingestor:
             for k, v in (prev.get("keys") or {}).items():
                 astate.keys[int(k)] = assemble.KeyState(**v)
             for name in ("_partials", "_http"):
-                frames = [pl.read_parquet(self.store.root / rel) for rel in self._dropped.get(name, [])]
+                frames = [pl.read_parquet(self.store.root / rel) for rel in dropped.get(name, [])]
                 saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
         builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
                                           seq=(prev or {}).get("seq"))
@@ -344,16 +346,26 @@ class Ingestor:
             self.result.warnings.append(
                 f"{path}: last line has no newline yet ({rstate.held_back_bytes} bytes); it will be read by the next "
                 "ingest once it is complete")
-        final = builder.finish() if rstate.held_back_bytes == 0 or compression else pl.DataFrame()
-        if final.height:
-            n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
-                                               f"{start_line:012d}-end")
+        open_counts = Counter(req_counts)
+        if compression:  # a compressed file does not grow: what is still open is final
+            final = builder.finish()
+            if final.height:
+                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                                                   f"{start_line:012d}-end")
+            open_counts = req_counts
+        else:
+            # Requests still open at the end (a log still being written, or a server that died mid-request) are
+            # listed, in a part of their own that the next ingest of a grown file replaces, while their partial
+            # rows stay open so the lines that finish them are merged in.
+            still_open = builder.peek()
+            if still_open.height:
+                self._write_requests(still_open, open_counts, inst_rows, prev, fid, path, run, fmt, label, "open")
         # what an append needs to continue: open requests and unmatched HTTP lines
         if builder.open.height:
             self.txn.write("_partials", builder.open, run=run, name=f"{fid}-state")
         if builder.http.height:
             self.txn.write("_http", builder.http, run=run, name=f"{fid}-state")
-        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
+        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, open_counts)
         self.txn.write("instances", instances, run=run, name=f"{fid}-inst")
         self._record_file(fid, path, run, fmt.name, compression, stat, head_sha, rstate.end_offset or start_offset,
                           rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, n_requests,
@@ -366,7 +378,8 @@ class Ingestor:
                                  if instances.height else []})
         self.result.files.append(FileReport(
             str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,
-            lines, parsed, sum(skipped.values()), unparsed_n, n_requests))
+            lines, parsed, sum(skipped.values()), unparsed_n, sum(open_counts.values()) if not compression
+            else n_requests))
 
     def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame],
                         prev: dict | None, fid: str, path: Path, run: str, fmt: Format, label: str,

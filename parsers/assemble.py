@@ -497,6 +497,14 @@ class RequestBuilder:
     def finish(self) -> pl.DataFrame:
         return self._emit(self.open, None, final_all=True)
 
+    def peek(self) -> pl.DataFrame:
+        """The requests still open, as rows, without closing them (the builder's state is unchanged)."""
+        saved = (self.open, self.http, dict(self.seq))
+        try:
+            return self.finish()
+        finally:
+            self.open, self.http, self.seq = saved
+
     def _emit(self, rows: pl.DataFrame, last_line: int | None, *, final_all: bool) -> pl.DataFrame:
         if rows.height == 0:
             self.open = rows

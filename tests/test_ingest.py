@@ -271,3 +271,22 @@ def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
     assert berlin.isoformat() == "2026-08-23T10:00:21+00:00"
     with pytest.raises(InputError):
         ingest(tmp_path / "bad", [log], tz="Mars/Olympus")
+
+
+def test_two_logs_growing_in_one_ingest_keep_their_own_open_requests(tmp_path: Path, store_dir: Path) -> None:
+    """Each grown file continues from its own open requests, not from those of another file in the same ingest."""
+    lines = ERA5.splitlines(keepends=True)
+    head, tail = "".join(lines[:8]), "".join(lines[8:])  # cut after the prompt timing: task 0 still open
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("a.log", "b.log"):
+        (logs / name).write_text(head)
+    ingest(store_dir, [logs], run="r")
+    for name in ("a.log", "b.log"):
+        with (logs / name).open("a") as fh:
+            fh.write(tail)
+    result = ingest(store_dir, [logs], run="r")
+    assert [f.status for f in result.files] == ["appended", "appended"]
+    req = _requests(store_dir).sort("path")
+    assert req.select("path", "task", "gen_tokens", "stop_reason").rows() == [
+        (str(logs / "a.log"), 0, 178, "eos"), (str(logs / "b.log"), 0, 178, "eos")]
