@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from forensics import schema
@@ -164,6 +162,7 @@ class Ingestor:
         self.unknown = Counter[str]()
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
+        self.records: list[tuple[Path, str, str]] = []
 
     # -------------------------------------------------------------- per file
     def ingest_file(self, path: Path, root: Path | None, total_bytes: int, done_bytes: list[int]) -> None:
@@ -188,7 +187,7 @@ class Ingestor:
         if fmt_name is None:
             records_kind = self._records_kind(path)
             if records_kind is not None:
-                self._ingest_records(path, records_kind, run)
+                self._queue_records(path, records_kind, run)
                 return
             if stat.st_size == 0 or (compression and not read_head(path, 1)):
                 msg = "empty file" if stat.st_size == 0 else "compressed stream yields no data (truncated or damaged)"
@@ -231,24 +230,15 @@ class Ingestor:
                     total_bytes, done_bytes, dropped)
 
     def _records_kind(self, path: Path) -> str | None:
-        try:
-            from forensics import replay
-        except ImportError:
-            return None
-        detect = getattr(replay, "detect", None)
-        if detect is None:
-            return None
-        if self.mapping is not None:
-            return "mapped"
-        return detect(path)
+        """The replay-record kind of a file that is not a log (with --mapping: every such file)."""
+        from forensics import replay
 
-    def _ingest_records(self, path: Path, kind: str, run: str) -> None:
+        return "mapped" if self.mapping is not None else replay.detect(path)
 
+    def _queue_records(self, path: Path, kind: str, run: str) -> None:
+        """Replay records are loaded together once every file was seen (see ``_ingest_records``)."""
         self.result.files.append(FileReport(str(path), f"records:{kind}", "pending"))
         self.records.append((path, kind, run))
-        self.changed = True
-
-    records: list[tuple[Path, str, str]]
 
     def _drop_file_parts(self, fid: str) -> dict[str, list[str]]:
         """Stage the removal of every part this file wrote before; return them by table."""
@@ -271,7 +261,8 @@ class Ingestor:
         saved: dict[str, pl.DataFrame] = {}
         if prev:
             for k, v in (prev.get("keys") or {}).items():
-                astate.keys[int(k)] = assemble.KeyState(**v)
+                known = assemble.KeyState.__dataclass_fields__
+                astate.keys[int(k)] = assemble.KeyState(**{f: x for f, x in v.items() if f in known})
             for name in ("_partials", "_http"):
                 frames = [pl.read_parquet(self.store.root / rel) for rel in dropped.get(name, [])]
                 saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
@@ -515,8 +506,6 @@ class Ingestor:
                              pl.col("line_no").alias("seq_global"))
         if "abs_time" in ev.columns:
             ev = ev.rename({"abs_time": "ts"})
-        if "host" in ev.columns and "abs_raw" in ev.columns:
-            pass
         drop = [c for c in ("ikey", "instance_no", "abs_raw", "json_time", "json_level", "router_port_raw") if c in ev.columns]
         ev = ev.drop(drop)
         if "level" not in ev.columns:
@@ -580,7 +569,6 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
-        ing.records = []
         total = sum(f.stat().st_size for f, _ in files)
         done = [0]
         for path, root in files:
@@ -741,7 +729,3 @@ def summary(store: Store) -> dict[str, pl.DataFrame]:
         con.close()
     return {"files": files, "instances": inst, "requests": reqs}
 
-
-def _unused() -> None:  # keep numpy import used for type checkers
-    np.zeros(1)
-    time.time()

@@ -5,7 +5,6 @@ Layout::
     STORE/
       _manifest.json                    # which part files make up each table (the only truth)
       <table>/run=<escaped run>/<part>.parquet
-      _empty/<table>.parquet            # zero-row file with the table's schema
       .lock                             # held while an ingest writes
       .txn/<id>.json                    # journal of a commit in progress
 
@@ -23,7 +22,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,19 +138,8 @@ class Store:
     # ------------------------------------------------------------------ layout
     def _init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "_empty").mkdir(exist_ok=True)
         manifest = {"version": FORMAT_VERSION, "parts": {t: [] for t in schema.TABLES}, "meta": {}}
         self._write_json(self.root / MANIFEST, manifest)
-
-    def _empty_part(self, table: str, columns: dict[str, pl.DataType] | None = None) -> Path:
-        path = self.root / "_empty" / f"{table}.parquet"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sch = {k: v for k, v in (columns or schema.polars_schema(table)).items() if k != "run"}
-            tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:6]}")
-            pl.DataFrame(schema=sch).write_parquet(tmp)
-            os.replace(tmp, path)
-        return path
 
     @staticmethod
     def _write_json(path: Path, data: Any) -> None:
@@ -287,14 +274,12 @@ class Store:
             raise StoreError(f"{missing[0]} is listed in the store's manifest but missing",
                              hint="run `forensics check` to see how to repair the store")
         parts = [p for p in parts if p not in missing]
-        empty = self._empty_part(table)
         if not parts:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
             )
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
             return
-        del empty
         files = ", ".join("'" + p.replace("'", "''") + "'" for p in parts)
         cols = ", ".join(f'"{c.name}"' for c in schema.TABLES[table])
         extra = ""
@@ -346,6 +331,3 @@ def _duck_type(dtype: pl.DataType) -> str:
         return "TIMESTAMPTZ"
     return "VARCHAR"
 
-
-def now_utc() -> float:
-    return time.time()

@@ -10,7 +10,6 @@ small row per request, not every line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 import numpy as np
 import polars as pl
@@ -20,7 +19,6 @@ from parsers.spec import Format
 # Kinds whose fields feed a request, by role.  Kind names are the contract with the format files.
 START_KINDS = ("slot_start", "era2_start", "rec_start")
 RELEASE_KINDS = ("release", "era2_release", "rec_release")
-TASK_ONLY_KINDS = ("send_error", "cancel", "rec_task_error")
 HTTP_KINDS = ("http_request", "rec_http_request")
 # Lines that open a request of their own with no slot or task logged (era 1 `llama_print_timings` block:
 # one context, one request per block): slot 0, task = the line number (a join key only).
@@ -31,8 +29,6 @@ class KeyState:
     instance_no: int = 0
     prev_startup: bool = True
     prev_elapsed: float | None = None
-    hdr_slot: int | None = None
-    hdr_task: int | None = None
     slot_task: dict[str, int] = field(default_factory=dict)  # latest started task per slot (era 2 lines)
     hdr: dict[str, list[int]] = field(default_factory=dict)  # latest [slot, task] per inherit header kind
 
@@ -40,9 +36,6 @@ class KeyState:
 @dataclass
 class AssembleState:
     keys: dict[int, KeyState] = field(default_factory=dict)
-    partials: list[pl.DataFrame] = field(default_factory=list)
-    http: list[pl.DataFrame] = field(default_factory=list)
-    inst_info: list[pl.DataFrame] = field(default_factory=list)
 
 
 def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
@@ -178,10 +171,6 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     )
 
 
-def pd_isnull(s: pl.Series) -> np.ndarray:
-    return s.is_null().to_numpy()
-
-
 def _col(ev: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
     return pl.col(name) if name in ev.columns else pl.lit(None, dtype=dtype).alias(name)
 
@@ -297,21 +286,6 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
         else:
             aggs.append(pl.col(c).drop_nulls().first())
     return df.group_by(keys, maintain_order=True).agg(aggs)
-
-
-def attach_task_only(df: pl.DataFrame) -> pl.DataFrame:
-    """Give error/cancel rows (no slot) the slot of the same task in the same instance, and merge them."""
-    if df.height == 0:
-        return df
-    slotted = df.filter(pl.col("slot").is_not_null())
-    loose = df.filter(pl.col("slot").is_null())
-    if loose.height == 0:
-        return slotted
-    lookup = slotted.select("ikey", "instance_no", "task", pl.col("slot").alias("slot_found")).unique(
-        ["ikey", "instance_no", "task"], keep="first")
-    loose = loose.join(lookup, on=["ikey", "instance_no", "task"], how="left")
-    matched = loose.filter(pl.col("slot_found").is_not_null()).with_columns(pl.col("slot_found").alias("slot")).drop("slot_found")
-    return merge_partials([slotted, matched])
 
 
 def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
@@ -459,10 +433,6 @@ def parse_abs_time(ev: pl.DataFrame, *, year_hint: int, tz: str = "UTC") -> pl.D
                     ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s")
                                          if "elapsed_s" in ev.columns else secs)
     return ev.with_columns(out.alias("abs_time"))
-
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 HANDLER_ONLY_STATUS = (401, 403, 501, 503)  # answered by the HTTP handler, never by a slot (era 2 uses 404 for task errors)

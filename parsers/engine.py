@@ -129,9 +129,6 @@ class Engine:
         self.fields = load_fields()
         self.kinds = fmt.kinds
         self.kind_index = {k.name: i for i, k in enumerate(self.kinds)}
-        self.multiline = {k.name for k in self.kinds if k.multiline}
-        self.skip = {k.name for k in self.kinds if k.skip}
-        self._record_re = fmt.record
         # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
         self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
         heads = [w.regex.removeprefix("^") for w in self.wrappers.prefixes]
@@ -236,7 +233,7 @@ class Engine:
         rem_idx = np.flatnonzero(~claimed)
         rem_body = body.gather(rem_idx) if len(rem_idx) < n else body
         for ki, kind in enumerate(self.kinds):
-            on_record = kind.json_fields or kind.kv_fields or getattr(kind, "on_record", False)
+            on_record = bool(kind.json_fields or kind.kv_fields) or kind.name.startswith("rec_")
             live = ~claimed[rem_idx]
             if not live.any():
                 break
@@ -246,7 +243,7 @@ class Engine:
                 live = np.ones(len(rem_idx), dtype=bool)
             mask = live
             if fmt.family != "text":
-                mask = mask & (rec_np[rem_idx] if on_record or kind.name.startswith("rec_") else ~rec_np[rem_idx])
+                mask = mask & (rec_np[rem_idx] if on_record else ~rec_np[rem_idx])
             if not mask.any():
                 continue
             if kind.prefilter:
