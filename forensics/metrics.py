@@ -15,11 +15,10 @@ Everything here is plain polars and DuckDB: no click, no altair.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from forensics.errors import InputError, NotFoundError, QueryError
+from forensics.errors import ForensicsError, InputError, NotFoundError, QueryError
 from forensics.store import Store, fetch_pl
 
 QUERIES = Path(__file__).resolve().parent / "queries"
@@ -351,27 +350,14 @@ def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_
 
 
 # ---------------------------------------------------------------------------------------- classes
-def call_optional(module: str, names: tuple[str, ...], store: Store, run: str | None = None) -> tuple[Any, str]:
-    """Call the first of ``names`` found in ``module`` (the findings and replay modules) for ``run``.
-
-    Returns (result, "") on success and (None, reason) when the module or function is not available
-    or the call failed.  Passes ``run=``/``runs=`` when the function takes it; the caller filters
-    frames on their ``run`` column otherwise."""
+def safely(compute: Callable[[], Any]) -> tuple[Any, str]:
+    """Run one finding for a report section or a chart: (result, "") or (None, why it could not be
+    computed), so that one section that cannot be computed does not sink the others."""
     try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return None, f"not available ({module} is not installed in this build)"
-    fn = next((getattr(mod, n) for n in names if callable(getattr(mod, n, None))), None)
-    if fn is None:
-        return None, f"not available ({module} has no {' / '.join(names)})"
-    try:
-        params = inspect.signature(fn).parameters
-        if run is not None and "run" in params:
-            return fn(store, run=run), ""
-        if run is not None and "runs" in params:
-            return fn(store, runs=[run]), ""
-        return fn(store), ""
-    except Exception as exc:  # another module's failure must not break ours
+        return compute(), ""
+    except ForensicsError as exc:
+        return None, exc.one_line()
+    except Exception as exc:  # a bug in one finding must not take the report down
         return None, f"failed: {type(exc).__name__}: {exc}"
 
 
@@ -384,8 +370,8 @@ def _task_keys(df: Any) -> set[tuple[Any, ...]]:
 def classify_requests(intervals: pl.DataFrame, store: Store | None = None) -> tuple[pl.DataFrame, str]:
     """Add ``class`` (normal, runaway, dead slot, failed) to ``intervals``.
 
-    Uses the findings module (find_dead_slots / find_runaways, rows keyed by run, instance, slot,
-    task) when it is available and ``store`` is given; otherwise simple rules: a *dead slot* is a
+    Uses the findings (find_dead_slots / find_runaways, rows keyed by run, instance, slot, task) when
+    ``store`` is given and they flag something; otherwise simple rules: a *dead slot* is a
     run of two or more consecutive failed or ≤ 1-token requests on one slot; *failed* is any other
     failed request; a *runaway* ended truncated, by a context shift or context limit, or generated
     more than 8 × its run's median and at least 512 tokens.  Returns (frame, "findings" or "rules").
@@ -393,8 +379,10 @@ def classify_requests(intervals: pl.DataFrame, store: Store | None = None) -> tu
     if store is not None:
         runs = intervals["run"].unique().to_list()
         run = runs[0] if len(runs) == 1 else None
-        dead_res, _ = call_optional("forensics.findings", ("find_dead_slots",), store, run)
-        run_res, _ = call_optional("forensics.findings", ("find_runaways",), store, run)
+        from forensics import findings
+
+        dead_res, _ = safely(lambda: findings.find_dead_slots(store, run))
+        run_res, _ = safely(lambda: findings.find_runaways(store, run))
         dead, runaway = _task_keys(dead_res), _task_keys(run_res)
         if dead or runaway:
             keys = list(zip(*(intervals[c].to_list() for c in ("run", "instance", "slot", "task")), strict=True))
@@ -441,10 +429,12 @@ def busy_over_time(intervals: pl.DataFrame) -> pl.DataFrame:
 
 def recommended_cap(intervals: pl.DataFrame, store: Store | None = None,
                     run: str | None = None) -> tuple[int | None, str]:
-    """The output cap to draw: from findings.recommend_cap when available, else a simple rule
+    """The output cap to draw: from findings.recommend_cap when it has one, else a simple rule
     (p99 of the normal requests' generated tokens × 1.25, rounded up to a multiple of 64)."""
     if store is not None:
-        res, _ = call_optional("forensics.findings", ("recommend_cap",), store, run)
+        from forensics import findings
+
+        res, _ = safely(lambda: findings.recommend_cap(store, [run] if run is not None else None))
         if isinstance(res, pl.DataFrame) and run is not None and "run" in res.columns:
             res = res.filter(pl.col("run") == run)
         cap = _cap_value(res) if res is not None else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,13 +30,17 @@ MAX_ROWS = 200
 SECTIONS = ("Summary", "Findings", "Throughput", "Charts")
 
 # (title, module, candidate function names): the first function found is used
-FINDINGS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("Dead slots", "forensics.findings", ("find_dead_slots", "dead_slots")),
-    ("Runaways", "forensics.findings", ("find_runaways", "runaways")),
-    ("Missing items", "forensics.replay", ("find_missing", "missing_items", "missing")),
-    ("Recommended output cap", "forensics.findings", ("recommend_cap", "cap")),
-    ("Error groups", "forensics.findings", ("error_groups",)),
-]
+def _findings() -> list[tuple[str, Callable[[Store, str], Any]]]:
+    """The report's findings sections: a title and how to compute it for one run."""
+    from forensics import findings, replay
+
+    return [
+        ("Dead slots", lambda store, run: findings.find_dead_slots(store, run)),
+        ("Runaways", lambda store, run: findings.find_runaways(store, run)),
+        ("Missing items", lambda store, run: replay.missing(store, run)),
+        ("Recommended output cap", lambda store, run: findings.recommend_cap(store, [run])),
+        ("Error groups", lambda store, run: findings.error_groups(store, run)),
+    ]
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
@@ -107,14 +112,6 @@ def _as_frame(res: Any) -> pl.DataFrame:
     return pl.DataFrame({"value": [str(res)]})
 
 
-def call_finding(module: str, names: tuple[str, ...], store: Store, run: str) -> tuple[pl.DataFrame | None, str]:
-    """A finding for ``run`` as a frame, or (None, why not) when it is not available."""
-    res, reason = metrics.call_optional(module, names, store, run)
-    if reason:
-        return None, reason
-    return _only_run(_as_frame(res), run), ""
-
-
 def _only_run(df: pl.DataFrame, run: str) -> pl.DataFrame:
     return df.filter(pl.col("run") == run) if "run" in df.columns else df
 
@@ -169,9 +166,9 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     parts.append(html_table(counts))
     # ---- findings
     parts.append('<h2 id="findings">Findings</h2>')
-    for title, module, names in FINDINGS:
+    for title, compute in _findings():
         parts.append(f"<h3>{esc(title)}</h3>")
-        res, reason = metrics.call_optional(module, names, store, run)
+        res, reason = metrics.safely(lambda compute=compute: compute(store, run))
         if reason:
             parts.append(f'<p class="na">{esc(reason)}</p>')
             notes.append(f"{title.lower()}: {reason}")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
-import types
 from pathlib import Path
 
 import polars as pl
@@ -58,33 +56,37 @@ def test_log_strings_are_escaped(page: Path) -> None:
     assert "\\u003cscript\\u003ealert(1)" in text  # the same string inside a chart's data
 
 
-def test_missing_findings_modules_say_not_available(page: Path) -> None:
-    text = page.read_text(encoding="utf-8")
-    if "forensics.replay" not in sys.modules and _absent("forensics.replay"):
-        assert "not available (forensics.replay is not installed in this build)" in text
+def test_a_section_that_cannot_be_computed_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forensics import findings
+    from forensics.errors import QueryError
+
+    def broken(store: object, run: str) -> pl.DataFrame:
+        raise QueryError("error groups need <events>", hint="ingest the log again")
+
+    monkeypatch.setattr(findings, "error_groups", broken)
+    res = report.write_report(basic_store(tmp_path / "store"), "abs", tmp_path / "r.html")
+    text = res.path.read_text(encoding="utf-8")
+    assert '<p class="na">error groups need &lt;events&gt; (ingest the log again)</p>' in text
+    assert res.notes == ["error groups: error groups need <events> (ingest the log again)"]
+    assert '<h2 id="charts">' in text  # the rest of the report is there
 
 
-def _absent(module: str) -> bool:
-    import importlib.util
+def test_findings_drive_the_classes_and_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forensics import findings
 
-    return importlib.util.find_spec(module) is None
-
-
-def test_findings_adapter_uses_the_module_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("forensics.findings")
-
-    def find_dead_slots(store: object) -> pl.DataFrame:
+    def find_dead_slots(store: object, run: str | None = None) -> pl.DataFrame:
         return pl.DataFrame({"run": ["abs", "other"], "instance": ["server", "x"], "slot": [1, 0], "task": [4, 9],
                              "signature": ["<b>500</b>", "no"]})
 
-    def find_runaways(store: object, run: str) -> pl.DataFrame:
+    def find_runaways(store: object, run: str | None = None) -> pl.DataFrame:
         return pl.DataFrame({"run": [run], "instance": ["server"], "slot": [0], "task": [1]})
 
-    def recommend_cap(store: object, run: str) -> dict:
+    def recommend_cap(store: object, runs: list[str] | None = None) -> dict:
         return {"cap": 300, "truncated_items": 1}
 
-    fake.find_dead_slots, fake.find_runaways, fake.recommend_cap = find_dead_slots, find_runaways, recommend_cap
-    monkeypatch.setitem(sys.modules, "forensics.findings", fake)
+    monkeypatch.setattr(findings, "find_dead_slots", find_dead_slots)
+    monkeypatch.setattr(findings, "find_runaways", find_runaways)
+    monkeypatch.setattr(findings, "recommend_cap", recommend_cap)
     store = basic_store(tmp_path / "store")
     res = report.write_report(store, "abs", tmp_path / "r.html")
     text = res.path.read_text(encoding="utf-8")
