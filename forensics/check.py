@@ -7,20 +7,30 @@ its unparsed rows match ``files.lines_unparsed``, and each instance's request co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
 import pyarrow.parquet as pq
 
 from forensics import schema
 from forensics.store import Store, fetch_pl
 
-
-@dataclass
-class Problem:
-    check: str
-    detail: str
-    repair: str
+# (check, SQL listing the offenders (first column names one), problem, repair, the text when there is none)
+COUNT_CHECKS: list[tuple[str, str, str, str, str]] = [
+    ("line accounting",
+     "SELECT path FROM files WHERE lines_parsed + lines_skipped + lines_unparsed <> lines_total",
+     "{n} files do not sum (e.g. {example})", "re-ingest those files after deleting the store",
+     "parsed + skipped + unparsed = total for every file"),
+    ("unparsed rows",
+     "SELECT f.path FROM files f LEFT JOIN unparsed u ON u.path = f.path AND u.run = f.run "
+     "GROUP BY f.path, f.lines_unparsed HAVING count(u.line_no) <> f.lines_unparsed",
+     "{n} files' unparsed rows differ from files.lines_unparsed (e.g. {example})", "re-ingest those files",
+     "every unparsed line is kept"),
+    ("request counts",
+     "SELECT i.instance FROM instances i "
+     "LEFT JOIN requests r ON r.run = i.run AND r.instance = i.instance AND r.path = i.path "
+     "GROUP BY i.run, i.instance, i.requests HAVING count(r.task) <> i.requests",
+     "{n} instances' request counts differ (e.g. {example})", "re-ingest the instance's log",
+     "instances.requests matches the requests table"),
+]
 
 
 def check_store(store: Store) -> pl.DataFrame:
@@ -68,29 +78,12 @@ def check_store(store: Store) -> pl.DataFrame:
         ok("stray files", "none")
     con = store.connect(existing_only=True)
     try:
-        acc = fetch_pl(con, "SELECT path, lines_total, lines_parsed, lines_skipped, lines_unparsed FROM files "
-                            "WHERE lines_parsed + lines_skipped + lines_unparsed <> lines_total")
-        if acc.height:
-            bad("line accounting", f"{acc.height} files do not sum (e.g. {acc['path'][0]})",
-                "re-ingest those files after deleting the store")
-        else:
-            ok("line accounting", "parsed + skipped + unparsed = total for every file")
-        un = fetch_pl(con, "SELECT f.path, f.lines_unparsed, count(u.line_no) AS rows FROM files f "
-                           "LEFT JOIN unparsed u ON u.path = f.path AND u.run = f.run "
-                           "GROUP BY f.path, f.lines_unparsed HAVING count(u.line_no) <> f.lines_unparsed")
-        if un.height:
-            bad("unparsed rows", f"{un.height} files' unparsed rows differ from files.lines_unparsed "
-                                 f"(e.g. {un['path'][0]})", "re-ingest those files")
-        else:
-            ok("unparsed rows", "every unparsed line is kept")
-        rq = fetch_pl(con, "SELECT i.run, i.instance, i.requests, count(r.task) AS n FROM instances i "
-                           "LEFT JOIN requests r ON r.run = i.run AND r.instance = i.instance AND r.path = i.path "
-                           "GROUP BY i.run, i.instance, i.requests HAVING count(r.task) <> i.requests")
-        if rq.height:
-            bad("request counts", f"{rq.height} instances' request counts differ (e.g. {rq['instance'][0]})",
-                "re-ingest the instance's log")
-        else:
-            ok("request counts", "instances.requests matches the requests table")
+        for name, sql, problem, repair, fine in COUNT_CHECKS:
+            found = fetch_pl(con, sql)
+            if found.height:
+                bad(name, problem.format(n=found.height, example=found.row(0)[0]), repair)
+            else:
+                ok(name, fine)
     finally:
         con.close()
     return pl.DataFrame(rows, schema={"check": pl.String, "status": pl.String, "detail": pl.String,
