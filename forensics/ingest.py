@@ -22,6 +22,7 @@ import polars as pl
 
 from forensics import schema
 from forensics.errors import ForensicsError, InputError, UnknownFormatError
+from forensics.paths import file_stem
 from forensics.store import Store, fetch_pl
 from parsers import assemble, reader
 from parsers.engine import Carry, Engine
@@ -86,10 +87,7 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
 
 
 def strip_exts(name: str) -> str:
-    for ext in (".gz", ".zst", ".log", ".txt", ".jsonl", ".json", ".out", ".err"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-    return name or "run"
+    return file_stem(name) or "run"
 
 
 def discover(paths: list[Path]) -> list[tuple[Path, Path | None]]:

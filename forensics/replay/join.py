@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from forensics import schema
+from forensics.paths import file_stem
 
 TOLERANCE_S = 1.0  # slack around the attempt's window for request starts (absolute time)
 AMBIGUOUS_S = 0.5  # two candidates whose starts are this close to the send time cannot be told apart
@@ -71,13 +72,6 @@ def _resolved(p: str | None) -> str | None:
         return p
 
 
-def _stem(p: str) -> str:
-    name = Path(p).name
-    for ext in (".gz", ".zst", ".log", ".txt", ".jsonl", ".json"):
-        name = name.removesuffix(ext)
-    return name
-
-
 InstKey = tuple[str, str]  # (store run partition, instance id)
 
 
@@ -97,7 +91,7 @@ def _instances_for(run: str, server: str | None, servers: dict[str, dict[str, An
             hits = [r for r in inst_rows if r["port"] == port]
         return [(r["run"], r["instance"]) for r in hits]
     if server:
-        hits = [r for r in inst_rows if r["instance"] == server or (r["path"] and _stem(r["path"]) == server)]
+        hits = [r for r in inst_rows if r["instance"] == server or (r["path"] and file_stem(Path(r["path"]).name) == server)]
         if hits:
             return [(r["run"], r["instance"]) for r in hits]
     if servers:  # the manifest lists servers and this one is not among them

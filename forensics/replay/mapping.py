@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.errors import MappingError
+from forensics.paths import file_stem
 from forensics.replay.records import RawRecord, read_text
 
 if sys.version_info >= (3, 11):
@@ -263,13 +264,7 @@ def _rows(doc: Any, section: Section, fmt: str, lines: list[int] | None) -> list
 def _template(value: Any, data: Path) -> Any:
     if not isinstance(value, str) or "{" not in value:
         return value
-    return value.format(stem=_stem(data.name), name=data.name, parent=data.resolve().parent.name)
-
-
-def _stem(name: str) -> str:
-    for ext in (".gz", ".zst", ".jsonl", ".ndjson", ".json", ".csv"):
-        name = name.removesuffix(ext)
-    return name
+    return value.format(stem=file_stem(data.name), name=data.name, parent=data.resolve().parent.name)
 
 
 def _convert(spec: FieldSpec, kind: str, value: Any) -> Any:
