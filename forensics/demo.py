@@ -1,7 +1,7 @@
 """The demo pipeline: scenario -> logs and records -> store -> findings -> report.
 
-Uses the scenario generator when it is available and the bundled fixture logs otherwise, so the
-README's first command always runs on a fresh machine with no data of the user's.
+The scenario generator makes the data, so the README's first command runs on a fresh machine with no data
+of the user's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
+from forensics import findings, report
+from forensics.generate import demo_scenarios, generate
 from forensics.ingest import ingest, summary
 from forensics.store import Store
 
@@ -26,8 +28,6 @@ class DemoResult:
 def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
-    from forensics.generate import demo_scenarios, generate
-
     gen = generate(demo_scenarios(), out, fmt="era5", seed=seed)
     echo(f"demo: generated {gen.requests} server requests (runs at np 1 to 8, a main and a backup instance, "
          f"a dead slot, a runaway, missing items) in {logs}")
@@ -38,18 +38,13 @@ def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -
     store = Store(store_dir)
     result = DemoResult(store_dir)
     result.sections.append(("requests per run", summary(store)["requests"]))
-    _findings(store, result)
-    try:
-        from forensics import report
-
-        path = out / "report.html"
-        runs = store.runs_seen()
-        if runs:
-            run = _most_eventful(result, runs)
-            report.write_report(store, run, path)
-            result.notes.append(f"demo: report on {run} written to {path}")
-    except (ImportError, AttributeError) as exc:
-        result.notes.append(f"demo: report not available in this build ({exc})")
+    result.sections.append(("dead slots", findings.find_dead_slots(store)))
+    result.sections.append(("runaways", findings.find_runaways(store)))
+    runs = store.runs_seen()
+    if runs:
+        run = _most_eventful(result, runs)
+        path = report.write_report(store, run, out / "report.html").path
+        result.notes.append(f"demo: report on {run} written to {path}")
     return result
 
 
@@ -61,18 +56,3 @@ def _most_eventful(result: DemoResult, runs: list[str]) -> str:
             for run in df["run"].to_list():
                 score[run] = score.get(run, 0) + (2 if title == "dead slots" else 1)
     return max(score, key=lambda r: (score[r], r)) if score else runs[-1]
-
-
-def _findings(store: Store, result: DemoResult) -> None:
-    try:
-        from forensics import findings
-    except ImportError:
-        result.notes.append("demo: findings not available in this build")
-        return
-    for title, fn in (("dead slots", "find_dead_slots"), ("runaways", "find_runaways")):
-        f = getattr(findings, fn, None)
-        if f is not None:
-            try:
-                result.sections.append((title, f(store)))
-            except Exception as exc:  # keep the demo going; say what failed
-                result.notes.append(f"demo: {title} failed: {exc}")

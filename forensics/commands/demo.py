@@ -10,7 +10,6 @@ import click
 
 
 def register(cli: click.Group) -> None:
-    from forensics import demo as demo_mod
     from forensics.render import render
 
     @cli.command()
@@ -19,6 +18,8 @@ def register(cli: click.Group) -> None:
     @click.option("--seed", type=int, default=7, show_default=True)
     def demo(out: Path, seed: int) -> None:
         """Generate a scenario (runs at np 1..8, a dead slot, a runaway, missing items), analyse it, write a report."""
+        from forensics import demo as demo_mod  # the generator, findings and report load only when asked for
+
         if out.exists():
             shutil.rmtree(out)
         result = demo_mod.run_demo(out, seed=seed, echo=lambda m: click.echo(m, err=True))
