@@ -86,6 +86,15 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
     return strip_exts(path.name)
 
 
+def instance_name(label: str) -> pl.Expr:
+    """An instance's id from ``ikey``/``instance_no``: the file label, ``:port`` for a router child, ``#N`` for
+    the Nth server start in the file."""
+    port = pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String)).otherwise(pl.lit(""))
+    restart = pl.when(pl.col("instance_no") > 1).then(pl.lit("#") + pl.col("instance_no").cast(pl.String)) \
+        .otherwise(pl.lit(""))
+    return pl.lit(label) + port + restart
+
+
 def strip_exts(name: str) -> str:
     return file_stem(name) or "run"
 
@@ -445,9 +454,7 @@ class Ingestor:
         df = collapse_facts(frames)
         multi = df.group_by("ikey").agg(pl.len().alias("n"))
         df = df.join(multi, on="ikey")
-        name = pl.lit(label) + pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String)).otherwise(
-            pl.lit("")) + pl.when(pl.col("instance_no") > 1).then(pl.lit("#") + pl.col("instance_no").cast(pl.String)).otherwise(
-            pl.lit(""))
+        name = instance_name(label)
         counts = pl.DataFrame([{"ikey": k[0], "instance_no": k[1], "requests": v} for k, v in req_counts.items()],
                               schema={"ikey": pl.Int64, "instance_no": pl.Int64, "requests": pl.Int64})
         df = df.join(counts, on=["ikey", "instance_no"], how="left")
@@ -497,10 +504,7 @@ class Ingestor:
         if ev.height == 0:
             return ev
         label = self._label(path, "")
-        inst = (pl.lit(label) + pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String))
-                .otherwise(pl.lit("")) + pl.when(pl.col("instance_no") > 1)
-                .then(pl.lit("#") + pl.col("instance_no").cast(pl.String)).otherwise(pl.lit("")))
-        ev = ev.with_columns(inst.alias("instance"), pl.lit(str(path)).alias("path"),
+        ev = ev.with_columns(instance_name(label).alias("instance"), pl.lit(str(path)).alias("path"),
                              pl.col("line_no").alias("seq_global"))
         if "abs_time" in ev.columns:
             ev = ev.rename({"abs_time": "ts"})
