@@ -25,7 +25,7 @@ from forensics.errors import ForensicsError, InputError, UnknownFormatError
 from forensics.paths import file_stem
 from forensics.store import Store, fetch_pl
 from parsers import assemble, reader
-from parsers.engine import Carry, Engine
+from parsers.engine import Carry, Engine, kind_dtype
 from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, get_format, load_formats
 
@@ -413,6 +413,7 @@ class Ingestor:
         ev = ev.with_columns([(pl.col(c) if c in ev.columns else pl.lit(None, dtype=t)).cast(t).alias(c)
                               for c, t in cols.items()])
         not_router_listen = ~pl.col("kind").is_in(["router_spawn", "router_proxy"])
+        listen_kinds = [k for k in kind_dtype().categories if "listening" in k]
         keys = ["ikey", "instance_no"]
         # cheap aggregations over every line; the fact columns only over the few lines that carry one
         light = ev.group_by(keys).agg(
@@ -436,9 +437,8 @@ class Ingestor:
             pl.col("n_ctx_slot").filter(pl.col("kind").is_in(["init_slots", "slot_new", "new_prompt", "rec_new_slot",
                                                               "era2_slot_table"])).drop_nulls().first(),
             pl.col("n_ctx_train").drop_nulls().first(),
-            pl.col("host").filter(pl.col("kind").str.starts_with("listening") | pl.col("kind").str.ends_with("listening"))
-            .drop_nulls().first(),
-            pl.col("port").filter(pl.col("kind").str.contains("listening")).drop_nulls().first(),
+            pl.col("host").filter(pl.col("kind").is_in(listen_kinds)).drop_nulls().first(),
+            pl.col("port").filter(pl.col("kind").is_in(listen_kinds)).drop_nulls().first(),
             pl.col("n_seq_max").drop_nulls().first(),
         )
         return light.join(heavy, on=keys, how="left")

@@ -14,7 +14,7 @@ from functools import cache
 import numpy as np
 import polars as pl
 
-from parsers.spec import FORMATS_DIR, Format, _read_toml, load_fields
+from parsers.spec import FORMATS_DIR, Format, _read_toml, load_fields, load_formats
 
 DTYPES = {"int": pl.Int64, "float": pl.Float64, "str": pl.String, "bool": pl.Boolean}
 BLANK = "blank"
@@ -61,6 +61,12 @@ def load_wrappers() -> Wrappers:
         for j in data.get("json_wrapper", [])
     )
     return Wrappers(dict(data.get("strip", {})), prefixes, jw)
+
+
+@cache
+def kind_dtype() -> pl.Enum:
+    """The ``kind`` column's type: an enum of every kind of every format (compared as integers, not text)."""
+    return pl.Enum(sorted({k.name for f in load_formats().values() for k in f.kinds}))
 
 
 @dataclass
@@ -110,14 +116,12 @@ def _kv_alternatives(tail: pl.Series, keys: str) -> pl.Series:
 
 
 def elapsed_seconds(s: pl.Series) -> pl.Series:
-    """`M.SS.mmm.uuu` (minutes not capped) to seconds."""
-    parts = s.str.split_exact(".", 3).struct.unnest()
-    cols = parts.columns
-    m = parts[cols[0]].cast(pl.Float64, strict=False)
-    sec = parts[cols[1]].cast(pl.Float64, strict=False)
-    ms = parts[cols[2]].cast(pl.Float64, strict=False)
-    us = parts[cols[3]].cast(pl.Float64, strict=False)
-    return (m * 60 + sec + ms / 1e3 + us / 1e6).alias("elapsed_s")
+    """`M.SS.mmm.uuu` (minutes not capped; the other parts always 2, 3 and 3 digits) to seconds.
+
+    Without its dots the value is the integer M SS mmm uuu: microseconds plus minutes times 1e8.
+    """
+    v = s.str.replace_all(".", "", literal=True).cast(pl.Int64, strict=False)
+    return ((v // 100_000_000) * 60 + (v % 100_000_000) / 1e6).alias("elapsed_s")
 
 
 class Engine:
@@ -131,6 +135,17 @@ class Engine:
         self.kind_index = {k.name: i for i, k in enumerate(self.kinds)}
         # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
         self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
+        # Kinds are tried in file order, each on the rows no earlier kind claimed.  Non-fallback kinds match
+        # disjoint sets of lines (tests/test_formats.py checks it on every sample), so the ones no fallback
+        # precedes may be tried first without changing the result: the kinds frequent in the previous chunk go
+        # first, which leaves few rows for the many rare kinds to scan.
+        first_fallback = next((i for i, k in enumerate(self.kinds) if k.fallback), len(self.kinds))
+        self._hoistable = [i < first_fallback for i in range(len(self.kinds))]
+        self._order = list(range(len(self.kinds)))
+        fields_seen: dict[str, None] = {}
+        for k in self.kinds:
+            fields_seen.update(dict.fromkeys(k.fields))
+        self._field_rank = {f: i for i, f in enumerate(fields_seen)}
         heads = [w.regex.removeprefix("^") for w in self.wrappers.prefixes]
         heads += [j.detect.removeprefix("^") for j in self.wrappers.json]
         heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
@@ -232,7 +247,8 @@ class Engine:
         # has shrunk by half, so the frequent kinds (first in the file) leave little for the rest to scan.
         rem_idx = np.flatnonzero(~claimed)
         rem_body = body.gather(rem_idx) if len(rem_idx) < n else body
-        for ki, kind in enumerate(self.kinds):
+        for ki in list(self._order):
+            kind = self.kinds[ki]
             on_record = bool(kind.json_fields or kind.kv_fields) or kind.name.startswith("rec_")
             live = ~claimed[rem_idx]
             if not live.any():
@@ -273,7 +289,7 @@ class Engine:
                 part = part.with_columns(
                     [_kv_alternatives(tail, key).alias(f) for f, key in kind.kv_fields if f not in part.columns]
                 )
-            part = part.with_columns(pl.lit(kind.name).alias("kind"))
+            part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"))
             pieces.append(self._type(part))
 
         # Continuations: unrecognised lines after a multiline record belong to it (integer kind codes).
@@ -295,6 +311,9 @@ class Engine:
         cont_parsed = int(cont.sum() - cont_skip.sum())
         unparsed_mask = unclaimed & ~cont
         counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
+        hot = sorted((i for i in range(len(self.kinds)) if self._hoistable[i] and counts[i] * 50 >= n),
+                     key=lambda i: -counts[i])
+        self._order = hot + [i for i in range(len(self.kinds)) if i not in hot]
         for ki, kind in enumerate(self.kinds):
             if kind.skip and counts[ki]:
                 skipped[kind.name] += int(counts[ki])
@@ -305,6 +324,8 @@ class Engine:
         lead = int(unparsed_mask[:first_rec].sum())
         events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame({"__row": pl.Series([], dtype=pl.Int64)})
         if events.height:
+            # the same columns in the same order whatever order the kinds were tried in
+            events = events.select(sorted(events.columns, key=lambda c: (self._field_rank.get(c, 1 << 20), c)))
             events = events.sort("__row")
         rows = events["__row"].to_numpy() if events.height else np.array([], dtype=np.int64)
         base = {"line_no": line_no.gather(rows)}
@@ -323,7 +344,7 @@ class Engine:
                                           for c in both])
             base_df = base_df.drop(both)
         events = pl.concat([base_df, events.drop("__row")], how="horizontal") if events.height else base_df.with_columns(
-            pl.lit(None, dtype=pl.String).alias("kind"))
+            pl.lit(None, dtype=kind_dtype()).alias("kind"))
         if "elapsed" in events.columns:
             events = events.with_columns(elapsed_seconds(events["elapsed"])).drop("elapsed")
         unp_idx = np.flatnonzero(unparsed_mask)
