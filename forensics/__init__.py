@@ -10,13 +10,30 @@ Public API (also used by the notebooks)::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from forensics.errors import ForensicsError
-from forensics.store import Store, default_store_path
+from forensics.paths import default_store_path
+
+if TYPE_CHECKING:
+    from forensics.store import Store
 
 __all__ = ["ForensicsError", "Store", "default_store_path", "open_store"]
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> Any:
+    # Store (DuckDB, polars) loads on first use: importing any forensics module, the CLI included,
+    # does not pay for them up front.
+    if name == "Store":
+        from forensics.store import Store
+
+        return Store
+    raise AttributeError(f"module 'forensics' has no attribute {name!r}")
+
+
 def open_store(path: str | None = None, *, create: bool = False) -> Store:
     """Open the store at ``path`` (default: $FORENSICS_STORE or ./forensics-store)."""
+    from forensics.store import Store
+
     return Store(path if path is not None else default_store_path(), create=create)

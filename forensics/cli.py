@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from forensics.errors import ExitCode, ForensicsError
-from forensics.store import default_store_path
+from forensics.paths import default_store_path
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "replay", "findings", "throughput", "generate", "check", "demo")

@@ -34,14 +34,11 @@ import polars as pl
 
 from forensics import schema
 from forensics.errors import NotFoundError, StoreError
+from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
+from forensics.paths import default_store_path as default_store_path
 
 MANIFEST = "_manifest.json"
 FORMAT_VERSION = 1
-DEFAULT_STORE = "forensics-store"
-
-
-def default_store_path() -> Path:
-    return Path(os.environ.get("FORENSICS_STORE") or DEFAULT_STORE)
 
 
 def escape_partition(value: str) -> str:

@@ -10,9 +10,6 @@ import click
 
 def register(cli: click.Group) -> None:
     from forensics import cli as cli_mod
-    from forensics.check import check_store
-    from forensics.render import render
-    from forensics.store import Store
 
     @cli.command()
     @cli_mod.format_option
@@ -22,6 +19,10 @@ def register(cli: click.Group) -> None:
 
         Exit 1 when a problem is found.
         """
+        from forensics.check import check_store  # pyarrow.parquet: loaded only for this command
+        from forensics.render import render
+        from forensics.store import Store
+
         df = check_store(Store(cli_mod.resolve_store(store_path)))
         render(df, fmt, sys.stdout)
         if (df["status"] == "problem").any():

@@ -10,10 +10,9 @@ import click
 
 
 def register(cli: click.Group) -> None:
+    # Only what the options need here: the parser, the store and polars load when a command runs,
+    # so that every other command starts fast.
     from forensics import cli as cli_mod
-    from forensics import ingest as ingest_mod
-    from forensics.render import render
-    from forensics.store import Store, fetch_pl
     from parsers.spec import load_formats
 
     @cli.command()
@@ -32,6 +31,8 @@ def register(cli: click.Group) -> None:
     def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
                mapping: str | None, keep_going: bool, tz: str, store_path: Path | None) -> None:
         """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store."""
+        from forensics import ingest as ingest_mod
+
         store_dir = cli_mod.resolve_store(store_path)
         t0 = time.monotonic()
         bar = _Progress(t0)
@@ -78,6 +79,9 @@ def register(cli: click.Group) -> None:
     @cli_mod.store_option
     def sql(query: str, fmt: str, store_path: Path | None) -> None:
         """Run a SQL QUERY (DuckDB) over the store's tables."""
+        from forensics.render import render
+        from forensics.store import Store, fetch_pl
+
         store = Store(cli_mod.resolve_store(store_path))
         con = store.connect()
         try:
@@ -96,6 +100,10 @@ def register(cli: click.Group) -> None:
     @cli_mod.store_option
     def summary(fmt: str, store_path: Path | None) -> None:
         """What the store holds: files, instances, and requests per run."""
+        from forensics import ingest as ingest_mod
+        from forensics.render import render
+        from forensics.store import Store
+
         store = Store(cli_mod.resolve_store(store_path))
         parts = ingest_mod.summary(store)
         if fmt == "json":

@@ -10,8 +10,6 @@ import click
 
 
 def register(cli: click.Group) -> None:
-    from forensics.render import render
-
     @cli.command()
     @click.option("--out", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
                   help="Folder for the generated logs, the store and the report (replaced).")
@@ -19,6 +17,7 @@ def register(cli: click.Group) -> None:
     def demo(out: Path, seed: int) -> None:
         """Generate a scenario (runs at np 1..8, a dead slot, a runaway, missing items), analyse it, write a report."""
         from forensics import demo as demo_mod  # the generator, findings and report load only when asked for
+        from forensics.render import render
 
         if out.exists():
             shutil.rmtree(out)

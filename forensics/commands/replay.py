@@ -10,15 +10,16 @@ import click
 
 def register(cli: click.Group) -> None:
     from forensics import cli as cli_mod
-    from forensics import replay
-    from forensics.render import render
-    from forensics.store import Store
 
     @cli.command()
     @cli_mod.format_option
     @cli_mod.store_option
     def runs(fmt: str, store_path: Path | None) -> None:
         """List replay runs: np, items expected / done / missing, attempts, requests, wall time, end."""
+        from forensics import replay  # loaded when a replay command runs, not at every start
+        from forensics.render import render
+        from forensics.store import Store
+
         store = Store(cli_mod.resolve_store(store_path))
         render(replay.runs_table(store), fmt, sys.stdout)
 
@@ -29,5 +30,9 @@ def register(cli: click.Group) -> None:
     def missing(run: str, fmt: str, store_path: Path | None) -> None:
         """List every missing item x stage of RUN and why (never attempted, HTTP error, timeout or
         cancelled, parse error), with evidence from the server log."""
+        from forensics import replay
+        from forensics.render import render
+        from forensics.store import Store
+
         store = Store(cli_mod.resolve_store(store_path))
         render(replay.missing(store, run), fmt, sys.stdout)
