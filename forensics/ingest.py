@@ -31,6 +31,7 @@ from parsers.spec import Format, get_format, load_formats
 
 SKIP_NAMES = {".DS_Store"}
 WORKERS = 2
+BATCH = 4  # chunks assembled together
 SHAPE_RULES: list[tuple[str, str]] = [  # masking for "most common unknown line shapes", applied in order
     (r"\b[0-9a-f]{7,40}\b", "<hex>"),
     (r"\d+(?:\.\d+)?", "<n>"),
@@ -292,7 +293,7 @@ class Ingestor:
             return chunk, res, assemble.parse_abs_time(res.events, year_hint=year, tz=self.tz)
 
         # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
-        # requests and writes parts in file order; at most WORKERS + 1 chunks are in memory at once.
+        # requests and writes parts in file order; at most BATCH + WORKERS + 2 chunks are in memory at once.
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=WORKERS)
@@ -303,39 +304,59 @@ class Ingestor:
         def results() -> Any:
             for chunk in chunks:
                 pending.append(pool.submit(classify, chunk))
-                if len(pending) > WORKERS:
+                if len(pending) > WORKERS + 1:
                     yield pending.pop(0).result()
             while pending:
                 yield pending.pop(0).result()
 
-        for chunk_no, (chunk, res, ev) in enumerate(results(), start=1):
-            engine.join_chunks(res, carry.last_kind)
-            if res.last_kind is not None:
-                carry.last_kind = res.last_kind
-            wrappers_seen |= res.wrappers_seen
-            lines += res.total
-            parsed += res.parsed
-            unparsed_n += res.unparsed.height
-            skipped.update(res.skipped)
+        def batches() -> Any:
+            batch: list[Any] = []
+            for item in results():
+                batch.append(item)
+                if len(batch) == BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+        # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
+        # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
+        chunk_no = 0
+        for batch in batches():
+            evs = []
+            for _chunk, res, ev in batch:
+                chunk_no += 1
+                engine.join_chunks(res, carry.last_kind)
+                if res.last_kind is not None:
+                    carry.last_kind = res.last_kind
+                wrappers_seen |= res.wrappers_seen
+                lines += res.total
+                parsed += res.parsed
+                unparsed_n += res.unparsed.height
+                skipped.update(res.skipped)
+                if ev.height:
+                    evs.append(ev)
+                if res.unparsed.height:
+                    un = res.unparsed.with_columns(
+                        pl.lit(str(path)).alias("path"),
+                        res.unparsed["text"].map_elements(mask_shape, return_dtype=pl.String).alias("shape"))
+                    self.unknown.update(un["shape"].to_list())
+                    self.txn.write("unparsed", schema.conform(un, "unparsed"), run=run, name=f"{fid}-{chunk_no:05d}")
+            ev = pl.concat(evs, how="diagonal_relaxed") if len(evs) > 1 else evs[0] if evs else batch[-1][2]
             ev = assemble.assign_instances(ev, fmt, astate)
             ev = assemble.inherit_slots(ev, fmt, astate)
             part, http = assemble.partial_requests(ev)
             inst_rows.append(self._instance_facts(ev))
-            if len(inst_rows) > 4:  # keep one aggregated frame, not one per chunk
+            if len(inst_rows) > 4:  # keep one aggregated frame, not one per batch
                 inst_rows[:] = [collapse_facts(inst_rows)]
-            final = builder.add(part, http, chunk.first_line_no + chunk.n_lines - 1)
+            last = batch[-1][0]
+            final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
             if final.height:
                 n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
                                                    f"{start_line:012d}-{chunk_no:05d}")
             events_out = self._events_frame(ev, path, fid)
             self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
-            if res.unparsed.height:
-                un = res.unparsed.with_columns(
-                    pl.lit(str(path)).alias("path"),
-                    res.unparsed["text"].map_elements(mask_shape, return_dtype=pl.String).alias("shape"))
-                self.unknown.update(un["shape"].to_list())
-                self.txn.write("unparsed", schema.conform(un, "unparsed"), run=run, name=f"{fid}-{chunk_no:05d}")
-            done_bytes[0] += chunk.end_offset - chunk.first_offset
+            done_bytes[0] += last.end_offset - batch[0][0].first_offset
             if self.progress:
                 self.progress(done_bytes[0], total_bytes)
         pool.shutdown()

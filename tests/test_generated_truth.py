@@ -14,8 +14,15 @@ from forensics.store import Store
 KEYS = ["run", "instance", "slot", "task"]
 
 
-@pytest.mark.parametrize("fmt", ["era5", "era4", "era4-prefix"])
-def test_ingest_matches_generator_truth(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "chunk_bytes"), [("era5", None), ("era4", None), ("era4-prefix", None),
+                                                  ("era4", 40_000), ("era5", 40_000)])
+def test_ingest_matches_generator_truth(tmp_path: Path, fmt: str, chunk_bytes: int | None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also in small chunks: requests, restarts and HTTP lines then span chunks and assembly batches."""
+    if chunk_bytes is not None:
+        from parsers import reader
+
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
     gen = generate(demo_scenarios(), tmp_path / "gen", fmt=fmt, seed=11)
     ingest(tmp_path / "store", [tmp_path / "gen" / "logs"], keep_going=True)
     got = Store(tmp_path / "store").table("requests")
