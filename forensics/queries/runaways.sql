@@ -32,11 +32,10 @@ base AS (
     LEFT JOIN grp g USING (run, bgroup)
     LEFT JOIN whole w USING (run)
 ),
-cap_ev AS (
-    SELECT DISTINCT run, instance, task FROM fx_events WHERE kind = 'n_ctx_train_cap' AND task IS NOT NULL
-),
-cancel_ev AS (
-    SELECT DISTINCT run, instance, task FROM fx_events WHERE kind = 'cancel' AND task IS NOT NULL
+task_ev AS (  -- one scan of the events for both kinds
+    SELECT run, instance, task, bool_or(kind = 'n_ctx_train_cap') AS cap, bool_or(kind = 'cancel') AS cancel
+    FROM fx_events WHERE kind IN ('n_ctx_train_cap', 'cancel') AND task IS NOT NULL
+    GROUP BY run, instance, task
 ),
 flags AS (
     SELECT b.*,
@@ -45,21 +44,37 @@ flags AS (
            (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
             OR coalesce(b.stop_reason = 'context', false)
             OR coalesce(b.gen_tokens > 0 AND b.n_past_end >= b.ctx_slot - $ctx_slack, false)) AS f_context,
-           c.task IS NOT NULL AS f_cap,
+           coalesce(e.cap, false) AS f_cap,
            coalesce(d.degenerate, false) AS f_rep,
-           (k.task IS NOT NULL OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled,
-           lead(b.http_status) OVER w_slot AS next_status,
-           lead(b.error) OVER w_slot AS next_error
+           (coalesce(e.cancel, false) OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled
     FROM base b
-    LEFT JOIN cap_ev c ON c.run = b.run AND c.instance = b.instance AND c.task = b.task
-    LEFT JOIN cancel_ev k ON k.run = b.run AND k.instance = b.instance AND k.task = b.task
+    LEFT JOIN task_ev e ON e.run = b.run AND e.instance = b.instance AND e.task = b.task
     LEFT JOIN fx_degenerate d ON d.run = b.run AND d.instance = b.instance AND d.slot = b.slot AND d.task = b.task
-    WINDOW w_slot AS (PARTITION BY b.run, b.instance, b.slot ORDER BY b.seq, b.line_first)
+),
+-- What came next is looked up only where something ran away: the windows read only the slots and
+-- items that have a runaway (whole partitions, so lead() sees the same neighbours as over every
+-- request) instead of sorting all requests of the store.
+hit AS (
+    SELECT run, instance, slot, item FROM flags WHERE f_tokens OR f_context OR f_cap OR f_rep
+),
+slot_next AS (
+    SELECT f.*,
+           lead(f.http_status) OVER w_slot AS next_status,
+           lead(f.error) OVER w_slot AS next_error
+    FROM flags f
+    SEMI JOIN (SELECT DISTINCT run, instance, slot FROM hit) h
+           ON h.run IS NOT DISTINCT FROM f.run AND h.instance IS NOT DISTINCT FROM f.instance
+          AND h.slot IS NOT DISTINCT FROM f.slot
+    WINDOW w_slot AS (PARTITION BY f.run, f.instance, f.slot ORDER BY f.seq, f.line_first)
 ),
 item_next AS (
-    SELECT run, instance, slot, task,
-           lead(error) OVER (PARTITION BY run, item ORDER BY start_key, instance, line_first) AS item_next_error
-    FROM req WHERE item IS NOT NULL
+    SELECT r.run, r.instance, r.slot, r.task,
+           lead(r.error) OVER (PARTITION BY r.run, r.item ORDER BY r.start_key, r.instance, r.line_first)
+               AS item_next_error
+    FROM req r
+    SEMI JOIN (SELECT DISTINCT run, item FROM hit WHERE item IS NOT NULL) h
+           ON h.run IS NOT DISTINCT FROM r.run AND h.item = r.item
+    WHERE r.item IS NOT NULL
 )
 SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
        round(f.seconds, 3) AS seconds,
@@ -78,7 +93,7 @@ SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
                                     'context (size|length|window)|exceeds the available context|kv cache is full')
                 THEN 'item_next_context_error' END), '') AS followed_by,
        f.path, f.line_first, f.line_last
-FROM flags f
+FROM slot_next f
 LEFT JOIN item_next n ON n.run = f.run AND n.instance = f.instance AND n.slot = f.slot AND n.task = f.task
 WHERE f.f_tokens OR f.f_context OR f.f_cap OR f.f_rep
 ORDER BY f.run, f.instance, f.slot, f.seq, f.line_first
