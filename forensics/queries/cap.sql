@@ -4,9 +4,10 @@
 -- unknown), whether it is a runaway (in fx_runaways) or normal (clean and not a runaway), its
 -- generation time per token (to estimate seconds saved by a lower cap), its prompt size, the slot's
 -- context and the cap in force (n_predict; -1 or null = none).  findings.py computes the recommended
--- cap and the what-if table from these rows.
+-- cap and the what-if table from these rows (in slot order: the sums come out the same each time; only
+-- the columns it reads, to keep a million rows cheap to hand over).
 -- Parameters: $runs VARCHAR[].  Relations: fx_requests, fx_runaways.
-SELECT r.run, r.instance, r.slot, r.task, r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
+SELECT r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
        r.n_predict,
        x.task IS NOT NULL AS runaway,
        (r.clean AND x.task IS NULL) AS normal,

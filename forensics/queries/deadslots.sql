@@ -1,4 +1,5 @@
--- deadslots: every request of the chosen runs in slot order, with whether it was abnormal and why.
+-- deadslots: the requests of the chosen runs in slot order, with whether each was abnormal and why;
+-- only the slots that have two abnormal requests in a row (the others cannot be dead).
 --
 -- findings.py turns this sequence into verdicts: a slot is dead from the first of two consecutive
 -- abnormal requests on it.  A request is abnormal when (reasons listed in `why`):
@@ -39,23 +40,39 @@ base AS (
     LEFT JOIN grp g USING (run, bgroup)
     LEFT JOIN whole w USING (run)
 ),
-seqd AS (
+flags AS (
     SELECT b.*,
-           lag(CASE WHEN b.failed THEN b.fail_shape END) OVER w_slot AS prev_fail,
-           lead(CASE WHEN b.failed THEN b.fail_shape END) OVER w_slot AS next_fail,
-           x.task IS NOT NULL AS f_runaway
+           x.task IS NOT NULL AS f_runaway,
+           coalesce(b.seconds > $long_factor * b.sec_q AND b.seconds >= $min_seconds, false) AS f_long,
+           coalesce(b.tpot_ms > $slow_factor * b.tpot_med, false) AS f_slow,
+           coalesce(b.gen_tokens <= $few_tokens AND NOT b.failed AND b.gen_med >= $few_normal, false) AS f_few,
+           CASE WHEN b.failed THEN b.fail_shape END AS fail_of
     FROM base b
     LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaways) x
            ON x.run = b.run AND x.instance = b.instance AND x.slot = b.slot AND x.task = b.task
-    WINDOW w_slot AS (PARTITION BY b.run, b.instance, b.slot ORDER BY b.seq, b.line_first)
 ),
-flags AS (
-    SELECT *,
-           coalesce(seconds > $long_factor * sec_q AND seconds >= $min_seconds, false) AS f_long,
-           coalesce(tpot_ms > $slow_factor * tpot_med, false) AS f_slow,
-           coalesce(gen_tokens <= $few_tokens AND NOT failed AND gen_med >= $few_normal, false) AS f_few,
-           coalesce(failed AND (fail_shape = prev_fail OR fail_shape = next_fail), false) AS f_error
-    FROM seqd
+-- Only a slot with two abnormal requests in a row can be dead.  A first pass over narrow rows finds
+-- those slots (one sort gives both neighbours of a request and whether the next one is abnormal too:
+-- its same_error needs its own next request, lead 2); the full rows are then read for them only.
+pairs AS (
+    SELECT run, instance, slot,
+           (flagged OR coalesce(fail_of = lag(fail_of) OVER w_slot OR fail_of = lead(fail_of) OVER w_slot, false))
+           AND (lead(flagged) OVER w_slot
+                OR coalesce(lead(fail_of) OVER w_slot = fail_of
+                            OR lead(fail_of) OVER w_slot = lead(fail_of, 2) OVER w_slot, false)) AS pair
+    FROM (SELECT run, instance, slot, seq, line_first, fail_of, f_runaway OR f_long OR f_slow OR f_few AS flagged
+          FROM flags)
+    WINDOW w_slot AS (PARTITION BY run, instance, slot ORDER BY seq, line_first)
+),
+seqd AS (
+    SELECT f.*,
+           coalesce(f.failed AND (f.fail_shape = lag(f.fail_of) OVER w_slot
+                                  OR f.fail_shape = lead(f.fail_of) OVER w_slot), false) AS f_error
+    FROM flags f
+    SEMI JOIN (SELECT DISTINCT run, instance, slot FROM pairs WHERE pair) s
+           ON s.run IS NOT DISTINCT FROM f.run AND s.instance IS NOT DISTINCT FROM f.instance
+          AND s.slot IS NOT DISTINCT FROM f.slot
+    WINDOW w_slot AS (PARTITION BY f.run, f.instance, f.slot ORDER BY f.seq, f.line_first)
 )
 SELECT run, instance, slot, seq, task, item, stage, gen_tokens, round(seconds, 3) AS seconds,
        stop_reason, http_status,
@@ -67,5 +84,5 @@ SELECT run, instance, slot, seq, task, item, stage, gen_tokens, round(seconds, 3
            CASE WHEN f_few THEN 'few_tokens' END,
            CASE WHEN f_error THEN 'same_error' END) AS why,
        t_start, elapsed_start_s, path, line_first, line_last
-FROM flags
+FROM seqd
 ORDER BY run, instance, slot, seq, line_first
