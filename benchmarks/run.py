@@ -5,7 +5,8 @@
 For each size: generate one era-5 log of a busy np 8 server (``--scenario bench``), then measure, each as its
 own subprocess: ``forensics ingest`` (wall time, peak RSS), ``grep -c print_timing`` over the same file (the
 floor), re-ingest of the unchanged file, ingest after appending 10 MB to the log (the server kept running),
-and every finding query on the resulting store.  Prints a markdown table (also written to OUT/results.md,
+and every finding query on the resulting store; then where ingest time goes, stage by stage
+(``benchmarks/stages.py`` on the first 8 chunks of the log).  Prints a markdown table (also written to OUT/results.md,
 with the raw numbers in OUT/results.json).  Commands that do not exist yet are reported as skipped.
 """
 
@@ -25,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.stages import report as stage_report  # noqa: E402
+from benchmarks.stages import stages  # noqa: E402
 from forensics.generate import bench, generate, parse_size  # noqa: E402
 
 FINDINGS = ("deadslots", "runaways", "cap", "errors", "throughput")
@@ -70,7 +73,8 @@ def first_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
-def bench_size(label: str, size: int, out: Path, seed: int, cmds: set[str]) -> list[Measure]:
+def bench_size(label: str, size: int, out: Path, seed: int, cmds: set[str],
+               stage_notes: list[str]) -> list[Measure]:
     res: list[Measure] = []
     gen_dir = out / f"gen-{label}"
     store = out / f"store-{label}"
@@ -86,6 +90,9 @@ def bench_size(label: str, size: int, out: Path, seed: int, cmds: set[str]) -> l
                        f"{g.requests:,} requests"))
     fx = forensics_cmd()
 
+    if not stage_notes:  # where the time goes, stage by stage (the same on any size)
+        rows, n_chunks, n_bytes, n_lines = stages(log, 8)
+        stage_notes.append(stage_report(rows, n_bytes, n_lines, n_chunks))
     rc, wall, _, out_s, _ = run_measured(["grep", "-c", "print_timing", str(log)])
     res.append(Measure(label, "grep -c print_timing (floor)", wall, None, mb, f"{out_s.strip()} lines"))
     grep_s = wall
@@ -166,13 +173,16 @@ def main(argv: list[str] | None = None) -> int:
 
     cmds = set(cli.commands)
     rows: list[Measure] = []
+    stage_notes: list[str] = []
     for label in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         print(f"benchmark {label} ...", file=sys.stderr)
-        rows += bench_size(label, parse_size(label), args.out, args.seed, cmds)
+        rows += bench_size(label, parse_size(label), args.out, args.seed, cmds, stage_notes)
         if not args.keep:
             for d in (args.out / f"gen-{label}", args.out / f"store-{label}"):
                 shutil.rmtree(d, ignore_errors=True)
     text = f"Machine: {machine()}\n\n{table(rows)}\n"
+    if stage_notes:
+        text += f"\nIngest stage by stage (benchmarks/stages.py):\n\n{stage_notes[0]}\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps([asdict(r) | {"mb_s": r.mb_s} for r in rows], indent=2) + "\n")
     print(text)
