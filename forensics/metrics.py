@@ -88,17 +88,37 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
             con.close()
 
 
+@cache
+def _throughput_sql() -> str:
+    """throughput.sql with request_intervals.sql as its first CTE (parameters $runs, $source)."""
+    text = load_query("throughput")
+    head = "WITH per_run AS ("
+    if text.count(head) != 1:
+        raise QueryError("throughput.sql does not start its CTEs with per_run", hint="reinstall the package")
+    intervals = load_query("request_intervals").rstrip()
+    order = "ORDER BY run, instance, slot, start_s, seq"  # the rows' order: the aggregates do not need it
+    if intervals.endswith(order):
+        intervals = intervals[: -len(order)]
+    return text.replace(head, "WITH request_intervals AS (\n" + intervals + "\n),\nper_run AS (", 1)
+
+
 def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
                source: str = "auto", intervals: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per-run metrics (one row per run, see throughput.sql for the columns)."""
+    if source not in SOURCES:
+        raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
     con, own = _con(store)
     try:
-        ri = intervals if intervals is not None else request_intervals(con, runs, source=source)
-        con.register("request_intervals", ri.to_arrow())
-        try:
-            return fetch_pl(con, load_query("throughput"))
-        finally:
-            con.unregister("request_intervals")
+        if intervals is not None:
+            con.register("request_intervals", intervals.to_arrow())
+            try:
+                return fetch_pl(con, load_query("throughput"))
+            finally:
+                con.unregister("request_intervals")
+        # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows
+        # stay inside DuckDB instead of going to polars and back.
+        names = resolve_runs(con, runs)
+        return fetch_pl(con, _throughput_sql(), {"runs": names, "source": source})
     finally:
         if own:
             con.close()

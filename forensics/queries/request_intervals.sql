@@ -33,22 +33,41 @@ srv_basis AS (
                 ELSE 'order' END AS time_basis
     FROM srv_raw GROUP BY run
 ),
-srv AS (
+-- Each clock reads only what it needs: the run's / instance's first start by one aggregate each, and
+-- the back-to-back sums (a sort of every slot) only for runs without any time.
+run_first AS (
+    SELECT run, min(abs_start) AS first_abs FROM srv_raw GROUP BY run
+),
+inst_first AS (
+    SELECT run, instance, min(elapsed_start_s) AS first_elapsed FROM srv_raw GROUP BY run, instance
+),
+srv_timed AS (
     SELECT s.*, b.time_basis,
            CASE b.time_basis
-               WHEN 'absolute' THEN abs_start - min(abs_start) OVER (PARTITION BY s.run)
-               WHEN 'elapsed' THEN elapsed_start_s - min(elapsed_start_s) OVER (PARTITION BY s.run, s.instance)
-               ELSE coalesce(sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
-                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) / 1000.0
+               WHEN 'absolute' THEN abs_start - rf.first_abs
+               ELSE elapsed_start_s - inf.first_elapsed
            END AS start0,
            CASE b.time_basis
-               WHEN 'absolute' THEN coalesce(abs_end, abs_start + total_ms / 1000.0) - min(abs_start) OVER (PARTITION BY s.run)
-               WHEN 'elapsed' THEN coalesce(elapsed_end_s, elapsed_start_s + total_ms / 1000.0)
-                                   - min(elapsed_start_s) OVER (PARTITION BY s.run, s.instance)
-               ELSE sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
-                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) / 1000.0
+               WHEN 'absolute' THEN coalesce(abs_end, abs_start + total_ms / 1000.0) - rf.first_abs
+               ELSE coalesce(elapsed_end_s, elapsed_start_s + total_ms / 1000.0) - inf.first_elapsed
            END AS end0
-    FROM srv_raw s JOIN srv_basis b USING (run)
+    FROM srv_raw s
+    JOIN srv_basis b ON b.run IS NOT DISTINCT FROM s.run
+    LEFT JOIN run_first rf ON rf.run IS NOT DISTINCT FROM s.run
+    LEFT JOIN inst_first inf ON inf.run IS NOT DISTINCT FROM s.run AND inf.instance IS NOT DISTINCT FROM s.instance
+    WHERE b.time_basis <> 'order'
+),
+srv_order AS (
+    SELECT s.*, b.time_basis,
+           coalesce(sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) / 1000.0 AS start0,
+           sum(total_ms) OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY seq, line_first
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) / 1000.0 AS end0
+    FROM srv_raw s JOIN srv_basis b ON b.run IS NOT DISTINCT FROM s.run
+    WHERE b.time_basis = 'order'
+),
+srv AS (
+    SELECT * FROM srv_timed UNION ALL SELECT * FROM srv_order
 ),
 rec AS (
     SELECT a.*, epoch(a.started_at) AS abs_start, epoch(a.ended_at) AS abs_end
