@@ -289,39 +289,41 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
-    """Tie each HTTP request line to the request that closed just before it (FIFO, per instance)."""
+    """Tie each HTTP request line to the request that closed just before it (FIFO, per instance).
+
+    Taken in line order per instance, a POST line goes to the earliest-closing request not yet tied, if that
+    request closed at or before the line; otherwise it is tied to nothing.  With c_i the requests closed by
+    the i-th line and m_i the lines tied so far, m_i = min(m_(i-1) + 1, c_i), which unrolls to
+    m_i = i + min(0, min over j <= i of (c_j - j)): a cumulative minimum, so no loop runs per line.
+    """
     req = req.with_columns(pl.lit(None, dtype=pl.Int64).alias("http_status"),
                            pl.lit(None, dtype=pl.String).alias("http_path"))
     if http.height == 0 or req.height == 0:
         return req
-    http = http.filter(pl.col("method") != "GET")
-    http = http.filter(pl.col("method") == "POST")
-    status = np.full(req.height, -1, dtype=np.int64)
-    paths: list[str | None] = [None] * req.height
-    close = req.select(pl.coalesce("close_line", "line_last")).to_series().to_numpy()
-    rkeys = req.select(pl.struct("ikey", "instance_no")).to_series().to_list()
-    hkeys = http.select(pl.struct("ikey", "instance_no")).to_series().to_list()
-    by_key: dict[tuple, list[int]] = {}
-    order = np.argsort(close, kind="stable")
-    for i in order:
-        k = (rkeys[i]["ikey"], rkeys[i]["instance_no"])
-        by_key.setdefault(k, []).append(int(i))
-    pos = {k: 0 for k in by_key}
-    hl = http["line_no"].to_numpy()
-    hs = http["status"].to_numpy()
-    hp = http["http_path"].to_list()
-    for j in np.argsort(hl, kind="stable"):
-        k = (hkeys[j]["ikey"], hkeys[j]["instance_no"])
-        q = by_key.get(k)
-        if not q:
-            continue
-        p = pos[k]
-        if p < len(q) and close[q[p]] <= hl[j]:
-            status[q[p]] = hs[j]
-            paths[q[p]] = hp[j]
-            pos[k] = p + 1
-    return req.with_columns(pl.Series("http_status", status, dtype=pl.Int64).set(pl.Series(status < 0), None),
-                            pl.Series("http_path", paths, dtype=pl.String))
+    http = http.filter(pl.col("method") == "POST").with_row_index("_hi")
+    if http.height == 0:
+        return req
+    keys = ["ikey", "instance_no"]
+    closes = (req.select(*keys, pl.coalesce("close_line", "line_last").alias("_pos"))
+              .with_row_index("_ri").sort("_pos", "_ri")
+              .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(keys).alias("_rank")))
+    merged = pl.concat([
+        closes.select(*keys, "_pos", pl.lit(0, dtype=pl.Int8).alias("_h"), pl.lit(None, dtype=pl.UInt32).alias("_hi")),
+        http.select(*keys, pl.col("line_no").alias("_pos"), pl.lit(1, dtype=pl.Int8).alias("_h"), "_hi"),
+    ], how="vertical_relaxed").sort(*keys, "_pos", "_h")  # a request closing on a line counts before it
+    merged = merged.with_columns((1 - pl.col("_h").cast(pl.Int64)).cum_sum().over(keys).alias("_c"),
+                                 pl.col("_h").cast(pl.Int64).cum_sum().over(keys).alias("_i"))
+    lines = merged.filter(pl.col("_h") == 1)
+    lines = lines.with_columns((pl.col("_c") - pl.col("_i")).cum_min().over(keys).alias("_d"))
+    lines = lines.with_columns((pl.col("_i") + pl.min_horizontal(pl.col("_d"), pl.lit(0))).alias("_m"))
+    lines = lines.with_columns(pl.col("_m").shift(1, fill_value=0).over(keys).alias("_prev"))
+    tied = (lines.filter(pl.col("_m") > pl.col("_prev")).select(*keys, pl.col("_m").alias("_rank"), "_hi")
+            .join(closes.select(*keys, "_rank", "_ri"), on=[*keys, "_rank"])
+            .join(http.select("_hi", pl.col("status").cast(pl.Int64).alias("_st"), pl.col("http_path").alias("_hp")),
+                  on="_hi"))
+    tied = tied.select("_ri", pl.col("_st").alias("http_status"), pl.col("_hp").cast(pl.String).alias("http_path"))
+    return (req.drop("http_status", "http_path").with_row_index("_ri")
+            .join(tied, on="_ri", how="left", maintain_order="left").drop("_ri"))
 
 
 def finish_requests(df: pl.DataFrame) -> pl.DataFrame:

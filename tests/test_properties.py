@@ -85,3 +85,48 @@ def test_arbitrary_bytes_ingest(data: bytes) -> None:
         ingest(Path(d) / "store", [log], run="p", fmt="llama-common")
         f = Store(Path(d) / "store").table("files").row(0, named=True)
         assert f["lines_parsed"] + f["lines_skipped"] + f["lines_unparsed"] == f["lines_total"]
+
+
+def _match_http_one_line_at_a_time(req: pl.DataFrame, http: pl.DataFrame) -> list[tuple[int | None, str | None]]:
+    """The FIFO rule written out line by line: the specification the vectorised match_http must meet."""
+    out: list[tuple[int | None, str | None]] = [(None, None)] * req.height
+    queues: dict[tuple[int, int], list[int]] = {}
+    closes = [c if c is not None else last for c, last in zip(req["close_line"], req["line_last"], strict=True)]
+    for i in sorted(range(req.height), key=lambda i: closes[i]):  # stable: ties keep frame order
+        queues.setdefault((req["ikey"][i], req["instance_no"][i]), []).append(i)
+    pos = dict.fromkeys(queues, 0)
+    for row in sorted(http.filter(pl.col("method") == "POST").iter_rows(named=True), key=lambda r: r["line_no"]):
+        key = (row["ikey"], row["instance_no"])
+        q = queues.get(key)
+        if q and pos[key] < len(q) and closes[q[pos[key]]] <= row["line_no"]:
+            out[q[pos[key]]] = (row["status"], row["http_path"])
+            pos[key] += 1
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_http_lines_tied_first_in_first_out(data: st.DataObject) -> None:
+    """match_http ties each POST line to the earliest-closed untied request of its instance, as the rule says."""
+    from parsers.assemble import match_http
+
+    n_req = data.draw(st.integers(0, 12))
+    n_http = data.draw(st.integers(0, 12))
+    inst = st.tuples(st.sampled_from([-1, 8081]), st.integers(1, 2))
+    reqs = [data.draw(st.tuples(inst, st.one_of(st.none(), st.integers(0, 60)), st.integers(0, 60)))
+            for _ in range(n_req)]
+    lines = data.draw(st.lists(st.integers(0, 80), min_size=n_http, max_size=n_http, unique=True))
+    https = [data.draw(st.tuples(inst, st.sampled_from(["POST", "GET"]), st.sampled_from([200, 500, 404])))
+             for _ in range(n_http)]
+    req = pl.DataFrame({"ikey": [r[0][0] for r in reqs], "instance_no": [r[0][1] for r in reqs],
+                        "close_line": [r[1] for r in reqs], "line_last": [r[2] for r in reqs]},
+                       schema={"ikey": pl.Int64, "instance_no": pl.Int64, "close_line": pl.Int64,
+                               "line_last": pl.Int64})
+    http = pl.DataFrame({"ikey": [h[0][0] for h in https], "instance_no": [h[0][1] for h in https],
+                         "line_no": lines, "method": [h[1] for h in https], "status": [h[2] for h in https],
+                         "http_path": [f"/p{i}" for i in range(n_http)]},
+                        schema={"ikey": pl.Int64, "instance_no": pl.Int64, "line_no": pl.Int64,
+                                "method": pl.String, "status": pl.Int64, "http_path": pl.String})
+    got = match_http(req, http)
+    assert got.height == req.height
+    assert list(zip(got["http_status"], got["http_path"], strict=True)) == _match_http_one_line_at_a_time(req, http)
