@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.stages import duckdb_frame, stages  # noqa: E402
 from benchmarks.stages import report as stage_report  # noqa: E402
-from benchmarks.stages import stages  # noqa: E402
 from forensics.generate import bench, generate, parse_size  # noqa: E402
 
 FINDINGS = ("deadslots", "runaways", "cap", "errors", "throughput")
@@ -92,7 +92,7 @@ def bench_size(label: str, size: int, out: Path, seed: int, cmds: set[str],
 
     if not stage_notes:  # where the time goes, stage by stage (the same on any size)
         rows, n_chunks, n_bytes, n_lines = stages(log, 8)
-        stage_notes.append(stage_report(rows, n_bytes, n_lines, n_chunks))
+        stage_notes.append(stage_report(rows, n_bytes, n_lines, n_chunks, duckdb_frame(log, n_bytes)))
     rc, wall, _, out_s, _ = run_measured(["grep", "-c", "print_timing", str(log)])
     res.append(Measure(label, "grep -c print_timing (floor)", wall, None, mb, f"{out_s.strip()} lines"))
     grep_s = wall
