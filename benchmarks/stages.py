@@ -54,7 +54,7 @@ def stages(log: Path, n_chunks: int) -> tuple[list[tuple[str, float]], int, int,
     n_bytes = sum(c.end_offset - c.first_offset for c in chunks)
     n_lines = sum(c.n_lines for c in chunks)
     for c in chunks[:1]:  # warm up: formats loaded, kind order learned
-        engine.classify(c.lines, c.first_line_no, Carry())
+        engine.learn(engine.classify(c.lines, c.first_line_no, Carry()))
 
     def read() -> list[pl.Series]:
         out = []

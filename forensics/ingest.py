@@ -288,8 +288,8 @@ class Ingestor:
         rstate = ReadState()
         wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
         inst_rows: list[pl.DataFrame] = []
-        def classify(chunk: Any) -> Any:
-            res = engine.classify(chunk.lines, chunk.first_line_no, Carry())
+        def classify(chunk: Any, order: tuple[int, ...]) -> Any:
+            res = engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
             return chunk, res, assemble.parse_abs_time(res.events, year_hint=year, tz=self.tz)
 
         # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
@@ -303,7 +303,7 @@ class Ingestor:
 
         def results() -> Any:
             for chunk in chunks:
-                pending.append(pool.submit(classify, chunk))
+                pending.append(pool.submit(classify, chunk, engine.order))
                 if len(pending) > WORKERS + 1:
                     yield pending.pop(0).result()
             while pending:
@@ -326,6 +326,7 @@ class Ingestor:
             evs = []
             for _chunk, res, ev in batch:
                 chunk_no += 1
+                engine.learn(res)
                 engine.join_chunks(res, carry.last_kind)
                 if res.last_kind is not None:
                     carry.last_kind = res.last_kind

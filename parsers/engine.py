@@ -86,6 +86,7 @@ class ChunkResult:
     wrappers_seen: set[str] = field(default_factory=set)
     lead: int = 0  # unrecognised lines before the chunk's first recognised one
     last_kind: str | None = None  # the chunk's last recognised kind
+    kind_counts: np.ndarray | None = None  # lines recognised per kind (by index)
 
 
 def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Series]:
@@ -137,11 +138,11 @@ class Engine:
         self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
         # Kinds are tried in file order, each on the rows no earlier kind claimed.  Non-fallback kinds match
         # disjoint sets of lines (tests/test_formats.py checks it on every sample), so the ones no fallback
-        # precedes may be tried first without changing the result: the kinds frequent in the previous chunk go
-        # first, which leaves few rows for the many rare kinds to scan.
+        # precedes may be tried first without changing the result: the kinds frequent in an earlier chunk go
+        # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
         first_fallback = next((i for i, k in enumerate(self.kinds) if k.fallback), len(self.kinds))
         self._hoistable = [i < first_fallback for i in range(len(self.kinds))]
-        self._order = list(range(len(self.kinds)))
+        self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
         fields_seen: dict[str, None] = {}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
@@ -203,7 +204,22 @@ class Engine:
         return text, pl.DataFrame({k: v.rename(k) for k, v in cols.items()}) if cols else pl.DataFrame(), seen
 
     # ------------------------------------------------------------------ classification
-    def classify(self, raw: pl.Series, first_line_no: int, carry: Carry) -> ChunkResult:
+    def learn(self, res: ChunkResult) -> None:
+        """Try the kinds that were frequent in ``res`` first from now on.
+
+        Called by whoever reads the results in file order, so the order each chunk is classified with does
+        not depend on which worker thread finished first.
+        """
+        counts, n = res.kind_counts, res.total
+        if counts is None or not n:
+            return
+        hot = sorted((i for i in range(len(self.kinds)) if self._hoistable[i] and counts[i] * 50 >= n),
+                     key=lambda i: -counts[i])
+        self.order = (*hot, *(i for i in range(len(self.kinds)) if i not in hot))
+
+    def classify(self, raw: pl.Series, first_line_no: int, carry: Carry,
+                 order: tuple[int, ...] | None = None) -> ChunkResult:
+        """Classify one chunk's lines; ``order`` is the order to try the kinds in (default: ``self.order``)."""
         n = len(raw)
         line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
         text, wcols, seen = self.unwrap(raw)
@@ -247,7 +263,7 @@ class Engine:
         # has shrunk by half, so the frequent kinds (first in the file) leave little for the rest to scan.
         rem_idx = np.flatnonzero(~claimed)
         rem_body = body.gather(rem_idx) if len(rem_idx) < n else body
-        for ki in list(self._order):
+        for ki in order if order is not None else self.order:
             kind = self.kinds[ki]
             on_record = bool(kind.json_fields or kind.kv_fields) or kind.name.startswith("rec_")
             live = ~claimed[rem_idx]
@@ -311,9 +327,6 @@ class Engine:
         cont_parsed = int(cont.sum() - cont_skip.sum())
         unparsed_mask = unclaimed & ~cont
         counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
-        hot = sorted((i for i in range(len(self.kinds)) if self._hoistable[i] and counts[i] * 50 >= n),
-                     key=lambda i: -counts[i])
-        self._order = hot + [i for i in range(len(self.kinds)) if i not in hot]
         for ki, kind in enumerate(self.kinds):
             if kind.skip and counts[ki]:
                 skipped[kind.name] += int(counts[ki])
@@ -355,7 +368,7 @@ class Engine:
         total_skipped = sum(skipped.values())
         assert parsed + total_skipped + len(unp_idx) == n, (parsed, total_skipped, len(unp_idx), n)
         return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
-                           wrappers_seen=seen, lead=lead,
+                           wrappers_seen=seen, lead=lead, kind_counts=counts,
                            last_kind=carry.last_kind if len(last_rec) else None)
 
     def join_chunks(self, res: ChunkResult, prev_last_kind: str | None) -> None:
