@@ -322,8 +322,26 @@ class Ingestor:
         # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
         # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
         chunk_no = 0
+        tail = pl.DataFrame()  # trailing lines waiting for the line they take their slot from (era 2)
+
+        def assemble_events(ev: pl.DataFrame, last: Any) -> None:
+            nonlocal n_requests
+            ev = assemble.assign_instances(ev, fmt, astate)
+            ev = assemble.inherit_slots(ev, fmt, astate)
+            part, http = assemble.partial_requests(ev)
+            inst_rows.append(self._instance_facts(ev))
+            if len(inst_rows) > 4:  # keep one aggregated frame, not one per batch
+                inst_rows[:] = [collapse_facts(inst_rows)]
+            final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
+            if final.height:
+                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                                                   f"{start_line:012d}-{chunk_no:05d}")
+            events_out = self._events_frame(ev, path, fid)
+            self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
+
+        last: Any = None
         for batch in batches():
-            evs = []
+            evs = [tail] if tail.height else []
             for _chunk, res, ev in batch:
                 chunk_no += 1
                 engine.learn(res)
@@ -344,22 +362,17 @@ class Ingestor:
                     self.unknown.update(un["shape"].to_list())
                     self.txn.write("unparsed", schema.conform(un, "unparsed"), run=run, name=f"{fid}-{chunk_no:05d}")
             ev = pl.concat(evs, how="diagonal_relaxed") if len(evs) > 1 else evs[0] if evs else batch[-1][2]
-            ev = assemble.assign_instances(ev, fmt, astate)
-            ev = assemble.inherit_slots(ev, fmt, astate)
-            part, http = assemble.partial_requests(ev)
-            inst_rows.append(self._instance_facts(ev))
-            if len(inst_rows) > 4:  # keep one aggregated frame, not one per batch
-                inst_rows[:] = [collapse_facts(inst_rows)]
+            # lines that take their slot from a later line (era-2 timings before `slot N released`) wait for
+            # the next batch when that line has not come yet
+            cut = assemble.waiting_tail(ev, fmt)
+            ev, tail = (ev.slice(0, cut), ev.slice(cut)) if cut is not None else (ev, pl.DataFrame())
             last = batch[-1][0]
-            final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
-            if final.height:
-                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
-                                                   f"{start_line:012d}-{chunk_no:05d}")
-            events_out = self._events_frame(ev, path, fid)
-            self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
+            assemble_events(ev, last)
             done_bytes[0] += last.end_offset - batch[0][0].first_offset
             if self.progress:
                 self.progress(done_bytes[0], total_bytes)
+        if tail.height:  # the end of what the file holds now: nothing more will come for these lines
+            assemble_events(tail, last)
         pool.shutdown()
         self.result.warnings.extend(rstate.warnings)
         if rstate.held_back_bytes:

@@ -133,14 +133,20 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
             # same slot, no task: the task of the latest header on that slot (loop over those rows only)
             k_idx = kinds[idx]
             wants = np.isin(k_idx, takers) & ~np.isnan(slot[idx]) & np.isnan(task[idx])
-            rows = idx[wants | (is_hdr & ~np.isnan(slot[idx]) & ~np.isnan(task[idx]))] if wants.any() else idx[:0]
-            for j in rows:
-                if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
-                    st.slot_task[str(int(slot[j]))] = int(task[j])
-                elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
-                    t = st.slot_task.get(str(int(slot[j])))
-                    if t is not None:
-                        task[j] = t
+            full_hdr = is_hdr & ~np.isnan(slot[idx]) & ~np.isnan(task[idx])
+            if wants.any():
+                for j in idx[wants | full_hdr]:
+                    if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
+                        st.slot_task[str(int(slot[j]))] = int(task[j])
+                    elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
+                        t = st.slot_task.get(str(int(slot[j])))
+                        if t is not None:
+                            task[j] = t
+            elif full_hdr.any():  # nothing to fill here, but a later chunk's lines may need these slots' tasks
+                hs, ht = slot[idx][full_hdr][::-1], task[idx][full_hdr][::-1]
+                _, first = np.unique(hs, return_index=True)  # first in reverse: each slot's latest header
+                for i in first:
+                    st.slot_task[str(int(hs[i]))] = int(ht[i])
             # no slot: slot and task of the latest header
             hs = np.where(is_hdr, slot[idx], np.nan)
             ht = np.where(is_hdr, task[idx], np.nan)
@@ -169,6 +175,27 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
         pl.Series("slot", slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
         pl.Series("task", task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
     )
+
+
+def waiting_tail(ev: pl.DataFrame, fmt: Format, limit: int = 5000) -> int | None:
+    """Where the lines start that take their slot from a line not read yet, or None.
+
+    ``inherit_next`` lines (era-2 ``print_timings``) take slot and task from the next line of their header
+    kind; those after the last header of a batch have to wait for the next batch.  A tail longer than
+    ``limit`` rows is not held back (a log that never writes the header would otherwise be held whole).
+    """
+    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
+    if not next_inh or ev.height == 0:
+        return None
+    kinds = ev["kind"]
+    headers = kinds.is_in(list(set(next_inh.values()))).to_numpy()
+    after = np.flatnonzero(headers)[-1] + 1 if headers.any() else 0
+    slot = ev["slot"].is_null().to_numpy() if "slot" in ev.columns else np.ones(ev.height, dtype=bool)
+    takers = np.flatnonzero(kinds.is_in(list(next_inh)).to_numpy() & slot)
+    takers = takers[takers >= after]
+    if len(takers) == 0 or ev.height - takers[0] > limit:
+        return None
+    return int(takers[0])
 
 
 def _col(ev: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
@@ -275,12 +302,11 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
     for c in df.columns:
         if c in keys:
             continue
-        if c in {"line_first", "start_line", "close_line"}:
+        # the clock only moves forward within a process: a request's span is the min and max over its parts
+        if c in {"line_first", "start_line", "close_line", "elapsed_start_s", "t_start"}:
             aggs.append(pl.col(c).min())
-        elif c in {"line_last"}:
+        elif c in {"line_last", "elapsed_end_s", "t_end", "gen_progress"}:
             aggs.append(pl.col(c).max())
-        elif c in {"elapsed_end_s", "t_end", "gen_progress"}:
-            aggs.append(pl.col(c).drop_nulls().last() if c != "gen_progress" else pl.col(c).max())
         elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings"}:
             aggs.append(pl.col(c).any())
         else:
@@ -288,8 +314,11 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
     return df.group_by(keys, maintain_order=True).agg(aggs)
 
 
-def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
+def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = None) -> pl.DataFrame:
     """Tie each HTTP request line to the request that closed just before it (FIFO, per instance).
+
+    ``close``: the line each request closed on (default: its close line, else its last line); requests where
+    it is null take no HTTP line.
 
     Taken in line order per instance, a POST line goes to the earliest-closing request not yet tied, if that
     request closed at or before the line; otherwise it is tied to nothing.  With c_i the requests closed by
@@ -304,8 +333,10 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame) -> pl.DataFrame:
     if http.height == 0:
         return req
     keys = ["ikey", "instance_no"]
-    closes = (req.select(*keys, pl.coalesce("close_line", "line_last").alias("_pos"))
-              .with_row_index("_ri").sort("_pos", "_ri")
+    if close is None:
+        close = pl.coalesce("close_line", "line_last")
+    closes = (req.select(*keys, close.alias("_pos"))
+              .with_row_index("_ri").filter(pl.col("_pos").is_not_null()).sort("_pos", "_ri")
               .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(keys).alias("_rank")))
     merged = pl.concat([
         closes.select(*keys, "_pos", pl.lit(0, dtype=pl.Int8).alias("_h"), pl.lit(None, dtype=pl.UInt32).alias("_hi")),
@@ -505,7 +536,9 @@ class RequestBuilder:
                         | (pl.col("instance_no") < pl.col("_last_inst"))
                         | (close < last_line - self.hold))
         s = s.with_columns(is_final.alias("_final")).drop("_latest", "_last_inst")
-        matched = match_http(s.sort("line_first"), self._http_for_match())
+        # a request still open with no close line may yet log lines: its last line is not its close yet
+        matched = match_http(s.sort("line_first"), self._http_for_match(),
+                             pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last"))))
         final = matched.filter(pl.col("_final")).drop("_final")
         still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path")
         self._consume_http(final, final_all, last_line)

@@ -257,6 +257,26 @@ def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.Mo
     assert Store(many).table("files").select(keep).rows() == Store(one).table("files").select(keep).rows()
 
 
+FIXTURE_LOGS = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "logs").glob("*.log"))
+
+
+@pytest.mark.parametrize("chunk_bytes", [200, 700])
+@pytest.mark.parametrize("log", FIXTURE_LOGS, ids=lambda p: p.name)
+def test_every_fixture_gives_the_same_requests_in_tiny_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               log: Path, chunk_bytes: int) -> None:
+    """Chunk and batch boundaries anywhere (era-2 timings before their `released` line, timing blocks, restarts,
+    router ports, wrappers) change no request and no line count."""
+    from parsers import reader
+
+    ingest(tmp_path / "one", [log], run="r")
+    monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
+    ingest(tmp_path / "many", [log], run="r")
+    one, many = Store(tmp_path / "one"), Store(tmp_path / "many")
+    assert many.table("requests").sort("line_first").equals(one.table("requests").sort("line_first"))
+    keep = ["lines_total", "lines_parsed", "lines_skipped", "lines_unparsed", "skipped_by_kind", "bytes_read"]
+    assert many.table("files").select(keep).rows() == one.table("files").select(keep).rows()
+
+
 def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
     """journald writes local time without a zone: --tz says which (CEST is UTC+2 in August)."""
     log = tmp_path / "server.log"
