@@ -8,6 +8,7 @@ shrank) is read anew and its old rows are dropped.  All of one ingest is committ
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -232,7 +233,8 @@ class Ingestor:
             dropped = self._drop_file_parts(fid)
             if status == "appended":  # the earlier rows stay; the carried state and the open requests go
                 for table in ("events", "unparsed", "requests"):
-                    keep = [p for p in dropped.get(table, []) if f"/{fid}-req-open-" not in p]
+                    keep = [p for p in dropped.get(table, [])
+                            if f"/{fid}-req-open-" not in p and f"/{fid}-ev-tail-" not in p]
                     self.txn.removes.get(table, set()).difference_update(keep)
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
                     total_bytes, done_bytes, dropped)
@@ -271,7 +273,7 @@ class Ingestor:
             for k, v in (prev.get("keys") or {}).items():
                 known = assemble.KeyState.__dataclass_fields__
                 astate.keys[int(k)] = assemble.KeyState(**{f: x for f, x in v.items() if f in known})
-            for name in ("_partials", "_http"):
+            for name in ("_partials", "_http", "_facts", "_tail"):
                 frames = [pl.read_parquet(self.store.root / rel) for rel in dropped.get(name, [])]
                 saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
         builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
@@ -287,7 +289,9 @@ class Ingestor:
         year = (self.started_at or datetime.fromtimestamp(stat.st_mtime, timezone.utc)).year
         rstate = ReadState()
         wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
-        inst_rows: list[pl.DataFrame] = []
+        # what the lines read before said about each instance (model, slots, context: usually at the top)
+        inst_rows: list[pl.DataFrame] = [saved["_facts"]] if saved.get("_facts") is not None \
+            and saved["_facts"].height else []
         def classify(chunk: Any, order: tuple[int, ...]) -> Any:
             res = engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
             return chunk, res, assemble.parse_abs_time(res.events, year_hint=year, tz=self.tz)
@@ -322,7 +326,8 @@ class Ingestor:
         # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
         # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
         chunk_no = 0
-        tail = pl.DataFrame()  # trailing lines waiting for the line they take their slot from (era 2)
+        # trailing lines waiting for the line they take their slot from (era 2); an append continues them
+        tail = saved["_tail"] if saved.get("_tail") is not None else pl.DataFrame()
 
         def assemble_events(ev: pl.DataFrame, last: Any) -> None:
             nonlocal n_requests
@@ -364,15 +369,21 @@ class Ingestor:
             ev = pl.concat(evs, how="diagonal_relaxed") if len(evs) > 1 else evs[0] if evs else batch[-1][2]
             # lines that take their slot from a later line (era-2 timings before `slot N released`) wait for
             # the next batch when that line has not come yet
-            cut = assemble.waiting_tail(ev, fmt)
+            cut = assemble.waiting_tail(ev, fmt, astate)
             ev, tail = (ev.slice(0, cut), ev.slice(cut)) if cut is not None else (ev, pl.DataFrame())
             last = batch[-1][0]
             assemble_events(ev, last)
             done_bytes[0] += last.end_offset - batch[0][0].first_offset
             if self.progress:
                 self.progress(done_bytes[0], total_bytes)
-        if tail.height:  # the end of what the file holds now: nothing more will come for these lines
+        if tail.height and compression and last is not None:  # a compressed file does not grow
             assemble_events(tail, last)
+        elif tail.height:
+            # The file may grow: keep the lines for the next ingest, and list them as events meanwhile (in a
+            # part of their own that the next ingest replaces, named like the instance they belong to).
+            self.txn.write("_tail", tail, run=run, name=f"{fid}-state")
+            ev = assemble.assign_instances(tail, fmt, copy.deepcopy(astate))
+            self.txn.write("events", self._events_frame(ev, path, fid), run=run, name=f"{fid}-ev-tail")
         pool.shutdown()
         self.result.warnings.extend(rstate.warnings)
         if rstate.held_back_bytes:
@@ -398,6 +409,8 @@ class Ingestor:
             self.txn.write("_partials", builder.open, run=run, name=f"{fid}-state")
         if builder.http.height:
             self.txn.write("_http", builder.http, run=run, name=f"{fid}-state")
+        if inst_rows:
+            self.txn.write("_facts", collapse_facts(inst_rows), run=run, name=f"{fid}-state")
         instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, open_counts)
         self.txn.write("instances", instances, run=run, name=f"{fid}-inst")
         self._record_file(fid, path, run, fmt.name, compression, stat, head_sha, rstate.end_offset or start_offset,
@@ -406,9 +419,7 @@ class Ingestor:
                                  "keys": {str(k): vars(v) for k, v in astate.keys.items()},
                                  "wrappers": sorted(wrappers_seen), "tz": self.tz,
                                  "seq": builder.seq, "requests": n_requests,
-                                 "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()},
-                                 "inst_facts": instances.drop("started_at", "requests").to_dicts()
-                                 if instances.height else []})
+                                 "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()}})
         self.result.files.append(FileReport(
             str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,
             lines, parsed, sum(skipped.values()), unparsed_n, sum(open_counts.values()) if not compression
@@ -481,9 +492,6 @@ class Ingestor:
     def _instances(self, rows: list[pl.DataFrame], prev: dict | None, fid: str, path: Path, run: str, fmt: Format,
                    label: str, req_counts: Counter) -> pl.DataFrame:
         frames = [r for r in rows if r.height]
-        if prev and prev.get("inst_facts"):
-            old = pl.DataFrame(prev["inst_facts"])
-            frames.insert(0, old.select([c for c in old.columns if c in (frames[0].columns if frames else old.columns)]))
         if not frames:
             return schema.empty("instances").drop("run")
         df = collapse_facts(frames)

@@ -177,11 +177,12 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     )
 
 
-def waiting_tail(ev: pl.DataFrame, fmt: Format, limit: int = 5000) -> int | None:
+def waiting_tail(ev: pl.DataFrame, fmt: Format, state: AssembleState, limit: int = 5000) -> int | None:
     """Where the lines start that take their slot from a line not read yet, or None.
 
     ``inherit_next`` lines (era-2 ``print_timings``) take slot and task from the next line of their header
-    kind; those after the last header of a batch have to wait for the next batch.  A tail longer than
+    kind; those after the last header of a batch have to wait for the next batch, unless an earlier line
+    gives them their slot (their ``inherit`` header: era 1's timing block opener).  A tail longer than
     ``limit`` rows is not held back (a log that never writes the header would otherwise be held whole).
     """
     next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
@@ -191,7 +192,14 @@ def waiting_tail(ev: pl.DataFrame, fmt: Format, limit: int = 5000) -> int | None
     headers = kinds.is_in(list(set(next_inh.values()))).to_numpy()
     after = np.flatnonzero(headers)[-1] + 1 if headers.any() else 0
     slot = ev["slot"].is_null().to_numpy() if "slot" in ev.columns else np.ones(ev.height, dtype=bool)
-    takers = np.flatnonzero(kinds.is_in(list(next_inh)).to_numpy() & slot)
+    waiting = kinds.is_in(list(next_inh)).to_numpy() & slot
+    for k in fmt.kinds:
+        if k.inherit_next and k.inherit:
+            earlier = np.cumsum((kinds == k.inherit).to_numpy()) > 0
+            if any(k.inherit in st.hdr for st in state.keys.values()):
+                earlier[:] = True
+            waiting &= ~((kinds == k.name).to_numpy() & earlier)
+    takers = np.flatnonzero(waiting)
     takers = takers[takers >= after]
     if len(takers) == 0 or ev.height - takers[0] > limit:
         return None

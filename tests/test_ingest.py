@@ -277,6 +277,36 @@ def test_every_fixture_gives_the_same_requests_in_tiny_chunks(tmp_path: Path, mo
     assert many.table("files").select(keep).rows() == one.table("files").select(keep).rows()
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("log", FIXTURE_LOGS, ids=lambda p: p.name)
+def test_a_log_read_while_it_grows_gives_the_same_requests(tmp_path: Path, log: Path, seed: int) -> None:
+    """Ingesting a log three times as it grows (cut at random lines: inside timing blocks, between a request and
+    its HTTP line, across restarts) ends with exactly the requests of one ingest of the whole file."""
+    lines = log.read_bytes().split(b"\n")
+    cuts = sorted(random.Random(seed).sample(range(8, len(lines)), 3))
+    whole = tmp_path / "whole" / log.name
+    whole.parent.mkdir()
+    whole.write_bytes(log.read_bytes())
+    ingest(tmp_path / "one", [whole], run="r")
+    growing = tmp_path / "growing" / log.name
+    growing.parent.mkdir()
+    prev = 0
+    for cut in [*cuts, len(lines)]:
+        with growing.open("ab") as fh:
+            fh.write(b"\n".join(lines[prev:cut]) + (b"\n" if cut < len(lines) else b""))
+        prev = cut
+        ingest(tmp_path / "grown", [growing], run="r")
+    drop = ["path"]
+    got = Store(tmp_path / "grown").table("requests").drop(drop).sort("line_first")
+    assert got.equals(Store(tmp_path / "one").table("requests").drop(drop).sort("line_first"))
+    inst = ["instance", "n_slots", "n_ctx_slot", "model", "line_first", "line_last", "requests"]
+    assert Store(tmp_path / "grown").table("instances").select(inst).sort("instance").equals(
+        Store(tmp_path / "one").table("instances").select(inst).sort("instance"))
+    ev = ["line_no", "kind", "slot", "task", "instance"]
+    assert Store(tmp_path / "grown").table("events").select(ev).sort("line_no").equals(
+        Store(tmp_path / "one").table("events").select(ev).sort("line_no"))
+
+
 def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
     """journald writes local time without a zone: --tz says which (CEST is UTC+2 in August)."""
     log = tmp_path / "server.log"
