@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -260,6 +261,9 @@ class Store:
         """
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
+        # Parts never change once committed: a query that scans a table again (a finding reads several)
+        # reuses the footers read when the view was bound instead of opening every file once more.
+        con.execute("SET parquet_metadata_cache = true")
         for table in tables or list(schema.TABLES):
             self._create_view(con, table, existing_only)
         return con
@@ -286,6 +290,40 @@ class Store:
             f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}{extra} FROM read_parquet([{files}], "
             "hive_partitioning = true, union_by_name = true)"
         )
+
+    def run_names(self, tables: list[str]) -> list[str] | None:
+        """The runs with rows in any of ``tables``, sorted, read from the manifest's part paths (no file is
+        opened): the same as ``SELECT DISTINCT run ... ORDER BY run`` over those views, since a part is
+        only ever written with rows.  None when a name could read differently through DuckDB (hive
+        partition values that look like a number, date or timestamp are typed as such): ask the views then.
+
+        A part listed in the manifest but missing on disk raises StoreError, as ``connect`` does.
+        """
+        names: set[str] = set()
+        for table in tables:
+            for rel in self.parts(table):
+                if not (self.root / rel).exists():
+                    raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
+                                     hint="run `forensics check` to see how to repair the store")
+                seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
+                if seg is None:
+                    return None
+                names.add(urllib.parse.unquote(seg[len("run="):], errors="strict"))
+        if not names:
+            return []
+        con = duckdb.connect(":memory:")
+        try:
+            row = con.execute(
+                "SELECT count(*) FROM unnest($names) AS t(v) WHERE TRY_CAST(v AS BIGINT) IS NOT NULL "
+                "OR TRY_CAST(v AS DOUBLE) IS NOT NULL OR TRY_CAST(v AS DATE) IS NOT NULL "
+                "OR TRY_CAST(v AS TIMESTAMP) IS NOT NULL OR TRY_CAST(v AS BOOLEAN) IS NOT NULL "
+                "OR upper(trim(v)) IN ('', 'NULL')",
+                {"names": sorted(names)}).fetchone()
+        finally:
+            con.close()
+        if row is None or row[0]:
+            return None
+        return sorted(names)
 
     def table(self, name: str) -> pl.DataFrame:
         """A whole table as a polars DataFrame (columns in contract order)."""
