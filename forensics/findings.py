@@ -76,7 +76,22 @@ def _has_rows(con: duckdb.DuckDBPyConnection, view: str) -> bool:
         return False
 
 
-def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+RUN_TABLES = ["requests", "events", "attempts", "runs"]  # a run is known when it has rows in one of these
+
+
+def known_runs(con: duckdb.DuckDBPyConnection, store: Store | None = None) -> list[str]:
+    """The runs with rows in requests, events, attempts or runs, sorted.
+
+    With ``store``, read from its manifest when the names allow it (``Store.run_names``): no view over
+    those tables is needed, and none of their files is opened.
+    """
+    if store is not None:
+        names = store.run_names(RUN_TABLES)
+        if names is not None:
+            return names
+        for table in RUN_TABLES:
+            if not _has_view(con, table):
+                store._create_view(con, table)
     rows = con.execute(
         "SELECT DISTINCT run FROM (SELECT run FROM requests UNION ALL SELECT run FROM events "
         "UNION ALL SELECT run FROM attempts UNION ALL SELECT run FROM runs) WHERE run IS NOT NULL ORDER BY run"
@@ -84,8 +99,14 @@ def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _resolve(con: duckdb.DuckDBPyConnection, runs: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    known = known_runs(con)
+def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]).fetchone()
+    return bool(row and row[0])
+
+
+def _resolve(con: duckdb.DuckDBPyConnection, runs: str | list[str] | tuple[str, ...] | None,
+             store: Store | None = None) -> list[str]:
+    known = known_runs(con, store)
     wanted = [runs] if isinstance(runs, str) else list(runs or [])
     if not wanted:
         return known
@@ -103,13 +124,25 @@ class _Session:
     has_matches: bool
 
 
+# The views each kind of session reads (the run list comes from the manifest, see known_runs).
+REQUEST_TABLES = ["requests", "instances", "matches", "events", "attempts", "items"]
+EVENT_TABLES = ["events", "matches"]
+
+
 @contextlib.contextmanager
-def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None) -> Iterator[_Session]:
-    """A connection with the findings' helper relations: fx_matches, fx_events, fx_requests, fx_degenerate."""
-    con = store.connect()
+def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
+             requests: bool = True) -> Iterator[_Session]:
+    """A connection with the findings' helper relations: fx_matches, fx_events, and unless ``requests``
+    is false (the errors finding reads only the events) fx_requests and fx_degenerate.
+
+    fx_requests is a temporary table built once: each finding reads it several times (the runaways
+    under deadslots and cap, the baselines and the rows), and a view would scan and join the requests
+    again at every reference.
+    """
+    con = store.connect(tables=REQUEST_TABLES if requests else EVENT_TABLES)
     try:
         # fx_matches: the matches table when it exists and has rows, else an empty relation.
-        has_matches = "matches" in schema.TABLES and _has_rows(con, "matches")
+        has_matches = "matches" in schema.TABLES and bool(store.parts("matches")) and _has_rows(con, "matches")
         if has_matches:
             cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
             have_m = {r[0] for r in con.execute("DESCRIBE matches").fetchall()}
@@ -124,9 +157,10 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None) -> It
         extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
         con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS SELECT *" + (f", {extra}" if extra else "")
                     + " FROM events")
-        con.execute(load_query("findings_base").text)
-        con.register("fx_degenerate", _degenerate(con, has_matches).to_arrow())
-        yield _Session(con, _resolve(con, runs), has_matches)
+        if requests:
+            con.execute(load_query("findings_base").text)
+            con.register("fx_degenerate", _degenerate(con, has_matches).to_arrow())
+        yield _Session(con, _resolve(con, runs, store), has_matches)
     finally:
         con.close()
 
@@ -442,7 +476,7 @@ def _join(values: list[object], limit: int = 10) -> str:
 
 def error_groups(store: Store, run: str | None = None) -> pl.DataFrame:
     """Server-side errors and warnings grouped by message shape (see errors.sql and ``MASKS``)."""
-    with _session(store, run) as s:
+    with _session(store, run, requests=False) as s:
         ev = _run_query(s.con, "errors", {"runs": s.runs})
     if ev.height == 0:
         return pl.DataFrame(schema=ERROR_SCHEMA)

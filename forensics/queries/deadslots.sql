@@ -15,7 +15,7 @@
 -- Parameters: $runs VARCHAR[], $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE,
 --   $few_tokens BIGINT, $few_normal DOUBLE, $min_group BIGINT.
 -- Relations: fx_requests, fx_runaways (run, instance, slot, task).
-WITH req AS (
+WITH req AS NOT MATERIALIZED (
     SELECT * FROM fx_requests WHERE list_contains($runs, run)
 ),
 grp AS (

@@ -1,4 +1,4 @@
--- findings_base: the request rows every finding reads (view fx_requests).
+-- findings_base: the request rows every finding reads (temporary table fx_requests, built once per session).
 --
 -- One row per request of the store's `requests` view, with its item, stage and attempt from
 -- `fx_matches` (the matches table when it has rows, else an empty relation: stage is then null),
@@ -11,7 +11,7 @@
 --   err_shape  the error text with digits masked (to compare errors)
 --   clean      a request that ended by itself or at its cap, without error: the baselines use these
 -- Parameters: none.  Relations: requests, instances, fx_matches.
-CREATE OR REPLACE TEMP VIEW fx_requests AS
+CREATE OR REPLACE TEMP TABLE fx_requests AS
 WITH inst AS (
     SELECT run, instance, any_value(n_ctx_slot) AS i_ctx_slot, any_value(n_ctx) AS i_ctx,
            any_value(n_slots) AS i_slots

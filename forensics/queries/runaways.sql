@@ -14,7 +14,7 @@
 --   item_next_context_error (the item's next request, via matches, failed with a context-size error).
 -- Parameters: $runs VARCHAR[], $factor DOUBLE, $quantile DOUBLE, $min_tokens BIGINT, $min_group BIGINT,
 --   $ctx_slack BIGINT.  Relations: fx_requests, fx_events, fx_degenerate.
-WITH req AS (
+WITH req AS NOT MATERIALIZED (
     SELECT * FROM fx_requests WHERE list_contains($runs, run)
 ),
 grp AS (
@@ -37,7 +37,7 @@ task_ev AS (  -- one scan of the events for both kinds
     FROM fx_events WHERE kind IN ('n_ctx_train_cap', 'cancel') AND task IS NOT NULL
     GROUP BY run, instance, task
 ),
-flags AS (
+flags AS NOT MATERIALIZED (
     SELECT b.*,
            (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
