@@ -42,15 +42,25 @@ def load_query(name: str) -> str:
     return (QUERIES / f"{name}.sql").read_text(encoding="utf-8")
 
 
-def _con(store: Store | duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:
+# The views the throughput path reads, and the tables whose rows make a run known to it.
+THROUGHPUT_TABLES = ["requests", "attempts", "runs", "instances"]
+RUN_TABLES = ["requests", "attempts", "runs"]
+
+
+def _con(store: Store | duckdb.DuckDBPyConnection,
+         tables: list[str] | None = None) -> tuple[duckdb.DuckDBPyConnection, bool]:
     if isinstance(store, Store):
-        return store.connect(), True
+        return store.connect(tables=tables), True
     return store, False
 
 
 def all_runs(store: Store | duckdb.DuckDBPyConnection) -> list[str]:
     """Runs with requests, attempts or a manifest, sorted."""
-    con, own = _con(store)
+    if isinstance(store, Store):
+        names = store.run_names(RUN_TABLES)  # from the manifest, without opening a file
+        if names is not None:
+            return names
+    con, own = _con(store, RUN_TABLES)
     try:
         rows = con.execute(
             "SELECT DISTINCT run FROM (SELECT run FROM requests UNION ALL SELECT run FROM attempts "
@@ -79,9 +89,9 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
     """One row per request with ``start_s``/``end_s`` on its run's clock (see request_intervals.sql)."""
     if source not in SOURCES:
         raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
-    con, own = _con(store)
+    con, own = _con(store, THROUGHPUT_TABLES)
     try:
-        names = resolve_runs(con, runs)
+        names = resolve_runs(store if own else con, runs)
         return fetch_pl(con, load_query("request_intervals"), {"runs": names, "source": source})
     finally:
         if own:
@@ -107,7 +117,7 @@ def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None 
     """Per-run metrics (one row per run, see throughput.sql for the columns)."""
     if source not in SOURCES:
         raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
-    con, own = _con(store)
+    con, own = _con(store, THROUGHPUT_TABLES)
     try:
         if intervals is not None:
             con.register("request_intervals", intervals.to_arrow())
@@ -117,7 +127,7 @@ def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None 
                 con.unregister("request_intervals")
         # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows
         # stay inside DuckDB instead of going to polars and back.
-        names = resolve_runs(con, runs)
+        names = resolve_runs(store if own else con, runs)
         return fetch_pl(con, _throughput_sql(), {"runs": names, "source": source})
     finally:
         if own:
@@ -174,7 +184,7 @@ class Scaling:
 
 
 def _config_values(store: Store | duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
-    con, own = _con(store)
+    con, own = _con(store, ["runs"])
     try:
         rows = con.execute("SELECT run, config FROM runs").fetchall()
     finally:
