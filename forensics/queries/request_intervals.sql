@@ -33,29 +33,30 @@ srv_basis AS (
                 ELSE 'order' END AS time_basis
     FROM srv_raw GROUP BY run
 ),
--- Each clock reads only what it needs: the run's / instance's first start by one aggregate each, and
--- the back-to-back sums (a sort of every slot) only for runs without any time.
-run_first AS (
-    SELECT run, min(abs_start) AS first_abs FROM srv_raw GROUP BY run
-),
-inst_first AS (
-    SELECT run, instance, min(elapsed_start_s) AS first_elapsed FROM srv_raw GROUP BY run, instance
+-- Each clock reads only what it needs: the run's and each instance's first start come from one
+-- aggregate per run and instance (the run's first is the least of its instances'), and the back-to-back
+-- sums (a sort of every slot) are computed only for runs without any time.  The requests meet these
+-- few rows in one join.
+clock AS (
+    SELECT f.run, f.instance, b.time_basis,
+           min(f.inst_abs) OVER (PARTITION BY f.run) AS first_abs, f.first_elapsed
+    FROM (SELECT run, instance, min(abs_start) AS inst_abs, min(elapsed_start_s) AS first_elapsed
+          FROM srv_raw GROUP BY run, instance) f
+    JOIN srv_basis b ON b.run IS NOT DISTINCT FROM f.run
+    WHERE b.time_basis <> 'order'
 ),
 srv_timed AS (
-    SELECT s.*, b.time_basis,
-           CASE b.time_basis
-               WHEN 'absolute' THEN abs_start - rf.first_abs
-               ELSE elapsed_start_s - inf.first_elapsed
+    SELECT s.*, c.time_basis,
+           CASE c.time_basis
+               WHEN 'absolute' THEN abs_start - c.first_abs
+               ELSE elapsed_start_s - c.first_elapsed
            END AS start0,
-           CASE b.time_basis
-               WHEN 'absolute' THEN coalesce(abs_end, abs_start + total_ms / 1000.0) - rf.first_abs
-               ELSE coalesce(elapsed_end_s, elapsed_start_s + total_ms / 1000.0) - inf.first_elapsed
+           CASE c.time_basis
+               WHEN 'absolute' THEN coalesce(abs_end, abs_start + total_ms / 1000.0) - c.first_abs
+               ELSE coalesce(elapsed_end_s, elapsed_start_s + total_ms / 1000.0) - c.first_elapsed
            END AS end0
     FROM srv_raw s
-    JOIN srv_basis b ON b.run IS NOT DISTINCT FROM s.run
-    LEFT JOIN run_first rf ON rf.run IS NOT DISTINCT FROM s.run
-    LEFT JOIN inst_first inf ON inf.run IS NOT DISTINCT FROM s.run AND inf.instance IS NOT DISTINCT FROM s.instance
-    WHERE b.time_basis <> 'order'
+    JOIN clock c ON c.run IS NOT DISTINCT FROM s.run AND c.instance IS NOT DISTINCT FROM s.instance
 ),
 srv_order AS (
     SELECT s.*, b.time_basis,

@@ -37,9 +37,12 @@ edges AS (
     UNION ALL
     SELECT run, end_s AS t, -1 AS d FROM request_intervals WHERE start_s IS NOT NULL AND end_s IS NOT NULL
 ),
+-- One running sum over every run's edges in (run, t, d) order: each request adds +1 and -1, so a run's
+-- edges sum to 0 and the sum at its first edge starts from 0, as a sum per run would; one sort of all
+-- edges instead of one partition per run (a single run is otherwise sorted by one thread).
 peak AS (
     SELECT run, max(busy) AS peak_busy_slots
-    FROM (SELECT run, sum(d) OVER (PARTITION BY run ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS busy FROM edges)
+    FROM (SELECT run, sum(d) OVER (ORDER BY run, t, d ROWS UNBOUNDED PRECEDING) AS busy FROM edges)
     GROUP BY run
 ),
 inst AS (
