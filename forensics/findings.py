@@ -2,7 +2,7 @@
 
 Each finding runs a named SQL file from ``forensics/queries/`` (runaways, deadslots, cap, errors) over
 the store's DuckDB views with bound parameters, on top of ``findings_base.sql`` (the ``fx_requests``
-view).  A request's item and stage come from the ``matches`` table when the store has one with rows;
+table: the requests of the chosen runs, built once per session).  A request's item and stage come from the ``matches`` table when the store has one with rows;
 otherwise baselines are per run and instance instead of per run and stage.
 
 Library only: no click, no altair.  The rules and their defaults are in the README ("Findings").
@@ -157,10 +157,11 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
         extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
         con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS SELECT *" + (f", {extra}" if extra else "")
                     + " FROM events")
+        names = _resolve(con, runs, store)
         if requests:
-            con.execute(load_query("findings_base").text)
+            con.execute(load_query("findings_base").text, {"runs": names})
             con.register("fx_degenerate", _degenerate(con, has_matches).to_arrow())
-        yield _Session(con, _resolve(con, runs, store), has_matches)
+        yield _Session(con, names, has_matches)
     finally:
         con.close()
 
@@ -193,7 +194,7 @@ def _drop_empty(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
 # ---------------------------------------------------------------------------------------- runaways
 def _runaways(s: _Session, th: Thresholds) -> pl.DataFrame:
     return _run_query(s.con, "runaways", {
-        "runs": s.runs, "factor": th.factor, "quantile": th.quantile, "min_tokens": th.min_tokens,
+        "factor": th.factor, "quantile": th.quantile, "min_tokens": th.min_tokens,
         "min_group": th.min_group, "ctx_slack": th.ctx_slack})
 
 
@@ -248,7 +249,7 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
         s.con.register("fx_runaways", run_df.to_arrow())
         seq = _run_query(s.con, "deadslots", {
-            "runs": s.runs, "long_factor": th.long_factor, "min_seconds": th.min_seconds,
+            "long_factor": th.long_factor, "min_seconds": th.min_seconds,
             "slow_factor": th.slow_factor, "few_tokens": th.few_tokens, "few_normal": th.few_normal,
             "min_group": th.min_group})
         lost = _lost_items(s.con) if s.has_matches else None
@@ -379,7 +380,7 @@ def recommend_cap(store: Store, runs: str | list[str] | None = None, *, margin: 
     with _session(store, runs) as s:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
         s.con.register("fx_runaways", run_df.to_arrow())
-        df = _run_query(s.con, "cap", {"runs": s.runs})
+        df = _run_query(s.con, "cap", {})
         no_cap_attempts = _attempts_uncapped(s.con, s.runs)
     warnings: list[str] = []
     normal = df.filter(pl.col("normal"))
@@ -421,7 +422,7 @@ def recommend_cap(store: Store, runs: str | list[str] | None = None, *, margin: 
 
 
 def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:
-    row = con.execute("SELECT count(*) FROM attempts WHERE list_contains(?, run) AND max_tokens > 0",
+    row = con.execute("SELECT count(*) FROM attempts WHERE run IN (SELECT unnest(?)) AND max_tokens > 0",
                       [runs]).fetchone()
     return not row or row[0] == 0
 

@@ -6,7 +6,7 @@
 -- context and the cap in force (n_predict; -1 or null = none).  findings.py computes the recommended
 -- cap and the what-if table from these rows (in slot order: the sums come out the same each time; only
 -- the columns it reads, to keep a million rows cheap to hand over).
--- Parameters: $runs VARCHAR[].  Relations: fx_requests, fx_runaways.
+-- Parameters: none.  Relations: fx_requests (the requests of the chosen runs), fx_runaways.
 SELECT r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
        r.n_predict,
        x.task IS NOT NULL AS runaway,
@@ -16,5 +16,5 @@ SELECT r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
 FROM fx_requests r
 LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaways) x
        ON x.run = r.run AND x.instance = r.instance AND x.slot = r.slot AND x.task = r.task
-WHERE list_contains($runs, r.run) AND r.gen_tokens IS NOT NULL
+WHERE r.gen_tokens IS NOT NULL
 ORDER BY r.run, r.instance, r.slot, r.seq

@@ -12,11 +12,11 @@
 --               the client's fault) with the same error shape as the slot's previous or next request
 -- Baseline group: run and stage when stages are known, else run and instance; the whole run when the
 -- group has fewer than $min_group clean requests.
--- Parameters: $runs VARCHAR[], $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE,
+-- Parameters: $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE,
 --   $few_tokens BIGINT, $few_normal DOUBLE, $min_group BIGINT.
--- Relations: fx_requests, fx_runaways (run, instance, slot, task).
+-- Relations: fx_requests (the requests of the chosen runs), fx_runaways (run, instance, slot, task).
 WITH req AS NOT MATERIALIZED (
-    SELECT * FROM fx_requests WHERE list_contains($runs, run)
+    SELECT * FROM fx_requests
 ),
 grp AS (
     SELECT run, bgroup, count(*) AS n,

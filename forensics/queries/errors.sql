@@ -8,7 +8,7 @@
 -- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_matches.
 WITH ev AS (
     SELECT * FROM fx_events
-    WHERE list_contains($runs, run)
+    WHERE run IN (SELECT unnest($runs))
       AND (upper(coalesce(level, '')) IN ('W', 'E', 'WARN', 'WARNING', 'ERROR', 'ERR', 'FATAL')
            OR kind IN ('send_error', 'exception', 'exception_twice', 'slot_exception', 'unauthorized',
                        'decode_error', 'fatal')

@@ -1,7 +1,8 @@
 -- findings_base: the request rows every finding reads (temporary table fx_requests, built once per session).
 --
--- One row per request of the store's `requests` view, with its item, stage and attempt from
--- `fx_matches` (the matches table when it has rows, else an empty relation: stage is then null),
+-- One row per request of the chosen runs ($runs) in the store's `requests` view, with its item, stage
+-- and attempt from `fx_matches` (the matches table when it has rows, else an empty relation: stage is
+-- then null),
 -- and derived columns:
 --   seconds    total_ms / 1000, else t_end - t_start, else elapsed_end_s - elapsed_start_s
 --   tpot_ms    gen_ms / gen_tokens (per generated token; null below 2 tokens)
@@ -10,7 +11,7 @@
 --   bgroup     baseline group: 'stage:<stage>' when the stage is known, else 'instance:<instance>'
 --   err_shape  the error text with digits masked (to compare errors)
 --   clean      a request that ended by itself or at its cap, without error: the baselines use these
--- Parameters: none.  Relations: requests, instances, fx_matches.
+-- Parameters: $runs VARCHAR[].  Relations: requests, instances, fx_matches.
 CREATE OR REPLACE TEMP TABLE fx_requests AS
 WITH inst AS (
     SELECT run, instance, any_value(n_ctx_slot) AS i_ctx_slot, any_value(n_ctx) AS i_ctx,
@@ -41,3 +42,4 @@ SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage, m.atte
 FROM requests r
 LEFT JOIN inst i USING (run, instance)
 LEFT JOIN m ON m.run = r.run AND m.instance = r.instance AND m.slot = r.slot AND m.task = r.task
+WHERE r.run IN (SELECT unnest($runs))

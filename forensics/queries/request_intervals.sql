@@ -16,13 +16,13 @@
 -- Parameters: $runs (VARCHAR[]) runs to include; $source ('auto' | 'server' | 'records').
 WITH rec_runs AS (
     SELECT DISTINCT run FROM attempts
-    WHERE started_at IS NOT NULL AND list_contains($runs, run) AND $source <> 'server'
+    WHERE started_at IS NOT NULL AND run IN (SELECT unnest($runs)) AND $source <> 'server'
 ),
 srv_raw AS (
     SELECT r.*,
            epoch(r.t_start) AS abs_start, epoch(r.t_end) AS abs_end
     FROM requests r
-    WHERE list_contains($runs, r.run)
+    WHERE r.run IN (SELECT unnest($runs))
       AND $source <> 'records'
       AND r.run NOT IN (SELECT run FROM rec_runs)
 ),

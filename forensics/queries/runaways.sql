@@ -12,10 +12,10 @@
 -- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
 --   slot_next_http_500 / slot_next_error (the slot's next request got HTTP >= 500 / an error),
 --   item_next_context_error (the item's next request, via matches, failed with a context-size error).
--- Parameters: $runs VARCHAR[], $factor DOUBLE, $quantile DOUBLE, $min_tokens BIGINT, $min_group BIGINT,
---   $ctx_slack BIGINT.  Relations: fx_requests, fx_events, fx_degenerate.
+-- Parameters: $factor DOUBLE, $quantile DOUBLE, $min_tokens BIGINT, $min_group BIGINT,
+--   $ctx_slack BIGINT.  Relations: fx_requests (the requests of the chosen runs), fx_events, fx_degenerate.
 WITH req AS NOT MATERIALIZED (
-    SELECT * FROM fx_requests WHERE list_contains($runs, run)
+    SELECT * FROM fx_requests
 ),
 grp AS (
     SELECT run, bgroup, count(*) AS n,
