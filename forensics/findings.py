@@ -69,13 +69,6 @@ MATCH_COLUMNS = {"run": "VARCHAR", "item": "VARCHAR", "stage": "VARCHAR", "attem
 RUNAWAY_KEYS = {"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64}
 
 
-def _has_rows(con: duckdb.DuckDBPyConnection, view: str) -> bool:
-    try:
-        return con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] > 0  # type: ignore[index]
-    except duckdb.Error:
-        return False
-
-
 RUN_TABLES = ["requests", "events", "attempts", "runs"]  # a run is known when it has rows in one of these
 
 
@@ -125,13 +118,15 @@ class _Session:
 
 
 # The views each kind of session reads (the run list comes from the manifest, see known_runs).
-REQUEST_TABLES = ["requests", "instances", "matches", "events", "attempts", "items"]
+# Each view binds every part of its table (slow with many runs), so a session creates only these, the
+# ``tables`` a finding asks for, and attempts when the matched outputs are scored (fx_degenerate).
+REQUEST_TABLES = ["requests", "instances", "matches", "events"]
 EVENT_TABLES = ["events", "matches"]
 
 
 @contextlib.contextmanager
 def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
-             requests: bool = True) -> Iterator[_Session]:
+             requests: bool = True, tables: tuple[str, ...] = ()) -> Iterator[_Session]:
     """A connection with the findings' helper relations: fx_matches, fx_events, and unless ``requests``
     is false (the errors finding reads only the events) fx_requests and fx_degenerate.
 
@@ -139,13 +134,15 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
     under deadslots and cap, the baselines and the rows), and a view would scan and join the requests
     again at every reference.
     """
-    con = store.connect(tables=REQUEST_TABLES if requests else EVENT_TABLES)
+    con = store.connect(tables=[*(REQUEST_TABLES if requests else EVENT_TABLES), *tables])
     try:
-        # fx_matches: the matches table when it exists and has rows, else an empty relation.
-        has_matches = "matches" in schema.TABLES and bool(store.parts("matches")) and _has_rows(con, "matches")
+        # fx_matches: the matches table when it exists and has rows, else an empty relation.  A part is
+        # only ever written with rows, so the table has rows when the manifest lists a part; the view
+        # has exactly the contract's columns.
+        has_matches = "matches" in schema.TABLES and bool(store.parts("matches"))
         if has_matches:
             cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
-            have_m = {r[0] for r in con.execute("DESCRIBE matches").fetchall()}
+            have_m = {c.name for c in schema.TABLES["matches"]}
             where = " AND coalesce(\"match\", 'matched') <> 'unmatched'" if "match" in have_m else ""
             con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} FROM matches "
                         f"WHERE task IS NOT NULL{where}")
@@ -159,6 +156,8 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
                     + " FROM events")
         names = _resolve(con, runs, store)
         if requests:
+            if has_matches and "attempts" not in tables:
+                store._create_view(con, "attempts")
             con.execute(load_query("findings_base").text, {"runs": names})
             con.register("fx_degenerate", _degenerate(con, has_matches).to_arrow())
         yield _Session(con, names, has_matches)
@@ -245,7 +244,7 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
     retries of one bad item landing on the same slot).
     """
     th = thresholds(**overrides)
-    with _session(store, run) as s:
+    with _session(store, run, tables=("items",)) as s:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
         s.con.register("fx_runaways", run_df.to_arrow())
         seq = _run_query(s.con, "deadslots", {
@@ -377,7 +376,7 @@ def recommend_cap(store: Store, runs: str | list[str] | None = None, *, margin: 
     if margin < 0:
         raise QueryError(f"margin must not be negative, got {margin}", hint="pass e.g. --margin 0.2")
     th = thresholds(**overrides)
-    with _session(store, runs) as s:
+    with _session(store, runs, tables=("attempts",)) as s:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
         s.con.register("fx_runaways", run_df.to_arrow())
         df = _run_query(s.con, "cap", {})
