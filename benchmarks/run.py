@@ -55,17 +55,29 @@ def forensics_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "forensics.cli"]
 
 
+# The peak RSS of a child as wait4 reports it starts from its parent's RSS at fork time (Linux keeps the high-water
+# mark across exec), and this process holds a generated log's worth of memory.  So each command runs under a small
+# wrapper process, and the wrapper's own child (forked from a few MB) is the one measured.
+_MEASURE = (
+    "import os, subprocess, sys\n"
+    "p = subprocess.Popen(sys.argv[1:])\n"
+    "_, st, ru = os.wait4(p.pid, 0)\n"
+    "sys.stderr.write(f'\\n@@maxrss_kb={ru.ru_maxrss}\\n')\n"
+    "sys.exit(os.waitstatus_to_exitcode(st))\n"
+)
+
+
 def run_measured(cmd: list[str]) -> tuple[int, float, float, str, str]:
-    """Like ``run`` but reaps the child with wait4 so its own peak RSS is known."""
+    """Run ``cmd``; return its exit code, wall seconds, its own peak RSS in MB, stdout and stderr."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", _MEASURE, *cmd], capture_output=True)
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, wall, usage.ru_maxrss / 1024, out.decode(errors="replace"), err.decode(errors="replace")
+    err = proc.stderr.decode(errors="replace")
+    rss = 0.0
+    if "@@maxrss_kb=" in err:
+        err, _, tail = err.rpartition("@@maxrss_kb=")
+        rss = int(tail.strip()) / 1024
+    return proc.returncode, wall, rss, proc.stdout.decode(errors="replace"), err.rstrip("\n")
 
 
 def first_line(text: str) -> str:
