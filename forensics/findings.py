@@ -23,7 +23,7 @@ from forensics import schema
 from forensics.errors import NotFoundError, QueryError
 from forensics.repetition import score_texts
 from forensics.sql import load_query
-from forensics.store import Store, fetch_pl
+from forensics.store import ArrowStream, Store, fetch_pl
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
             if has_matches and "attempts" not in tables:
                 store._create_view(con, "attempts")
             con.execute(load_query("findings_base").text, {"runs": names})
-            con.register("fx_degenerate", _degenerate(con, has_matches).to_arrow())
+            con.register("fx_degenerate", ArrowStream(_degenerate(con, has_matches)))
         yield _Session(con, names, has_matches)
     finally:
         con.close()
@@ -246,7 +246,7 @@ def dead_slot_report(store: Store, run: str | None = None, *, include_recovered:
     th = thresholds(**overrides)
     with _session(store, run, tables=("items",)) as s:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
-        s.con.register("fx_runaways", run_df.to_arrow())
+        s.con.register("fx_runaways", ArrowStream(run_df))
         seq = _run_query(s.con, "deadslots", {
             "long_factor": th.long_factor, "min_seconds": th.min_seconds,
             "slow_factor": th.slow_factor, "few_tokens": th.few_tokens, "few_normal": th.few_normal,
@@ -378,7 +378,7 @@ def recommend_cap(store: Store, runs: str | list[str] | None = None, *, margin: 
     th = thresholds(**overrides)
     with _session(store, runs, tables=("attempts",)) as s:
         run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
-        s.con.register("fx_runaways", run_df.to_arrow())
+        s.con.register("fx_runaways", ArrowStream(run_df))
         df = _run_query(s.con, "cap", {})
         no_cap_attempts = _attempts_uncapped(s.con, s.runs)
     warnings: list[str] = []

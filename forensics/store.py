@@ -352,7 +352,20 @@ def fetch_pl(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> pl
     rel = con.sql(sql, params=params) if params is not None else con.sql(sql)
     if rel is None:
         return pl.DataFrame()
-    return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
+    # Through the Arrow C stream interface: the same Arrow data as rel.to_arrow_table(), without
+    # loading pyarrow (and numpy) into a command that only needs polars; rechunked like from_arrow.
+    return pl.DataFrame(rel).rechunk()
+
+
+class ArrowStream:
+    """A polars frame DuckDB can ``register`` as a relation, through the Arrow C stream interface
+    (``DataFrame.to_arrow()`` would load pyarrow): every scan of the relation reads a fresh stream."""
+
+    def __init__(self, df: pl.DataFrame) -> None:
+        self.df = df
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        return self.df.__arrow_c_stream__(requested_schema)
 
 
 def _duck_type(dtype: pl.DataType) -> str:
