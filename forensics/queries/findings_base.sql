@@ -1,9 +1,8 @@
 -- findings_base: the request rows every finding reads (temporary table fx_requests, built once per session).
 --
--- One row per request of the chosen runs ($runs) in the store's `requests` view, with its item, stage
--- and attempt from `fx_matches` (the matches table when it has rows, else an empty relation: stage is
--- then null),
--- and derived columns:
+-- One row per request of the chosen runs ($runs) in the store's `requests` view, with its item and stage
+-- from `fx_matches` (the matches table when it has rows, else an empty relation: stage is then null), the
+-- request columns the findings read, and derived columns:
 --   seconds    total_ms / 1000, else t_end - t_start, else elapsed_end_s - elapsed_start_s
 --   tpot_ms    gen_ms / gen_tokens (per generated token; null below 2 tokens)
 --   ctx_slot   slot context: the request's n_ctx_slot, else the instance's n_ctx_slot, else n_ctx / n_slots
@@ -19,19 +18,18 @@ WITH inst AS (
     FROM instances GROUP BY run, instance
 ),
 m AS (
-    SELECT run, instance, slot, task, any_value(item) AS item, any_value(stage) AS stage,
-           any_value(attempt) AS attempt
+    SELECT run, instance, slot, task, any_value(item) AS item, any_value(stage) AS stage
     FROM fx_matches GROUP BY run, instance, slot, task
 )
-SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage, m.attempt,
-       r.prompt_tokens, r.gen_tokens, r.gen_ms, r.total_ms,
+SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage,
+       r.prompt_tokens, r.gen_tokens, r.gen_ms,
        coalesce(r.total_ms / 1000.0, epoch(r.t_end) - epoch(r.t_start),
                 r.elapsed_end_s - r.elapsed_start_s) AS seconds,
        CASE WHEN r.gen_tokens >= 2 AND r.gen_ms IS NOT NULL THEN r.gen_ms / r.gen_tokens END AS tpot_ms,
        r.n_past_end,
        coalesce(r.n_ctx_slot, i.i_ctx_slot, CAST(i.i_ctx / nullif(i.i_slots, 0) AS BIGINT)) AS ctx_slot,
-       r.stop_reason, r.truncated, r.context_shift, r.n_predict, r.http_status, r.error, r.complete,
-       r.t_start, r.t_end, r.elapsed_start_s, r.elapsed_end_s, r.line_first, r.line_last,
+       r.stop_reason, r.truncated, r.context_shift, r.n_predict, r.http_status, r.error,
+       r.t_start, r.elapsed_start_s, r.line_first, r.line_last,
        coalesce(epoch(r.t_start), r.elapsed_start_s) AS start_key,
        CASE WHEN m.stage IS NOT NULL THEN 'stage:' || m.stage ELSE 'instance:' || r.instance END AS bgroup,
        regexp_replace(r.error, '[0-9]+', 'N', 'g') AS err_shape,
