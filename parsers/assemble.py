@@ -323,7 +323,8 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = None) -> pl.DataFrame:
-    """Tie each HTTP request line to the request that closed just before it (FIFO, per instance).
+    """Tie each HTTP request line to the request that closed just before it (FIFO, per instance): adds
+    ``http_status``, ``http_path`` and ``http_line`` (the line tied).
 
     ``close``: the line each request closed on (default: its close line, else its last line); requests where
     it is null take no HTTP line.
@@ -334,7 +335,8 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
     m_i = i + min(0, min over j <= i of (c_j - j)): a cumulative minimum, so no loop runs per line.
     """
     req = req.with_columns(pl.lit(None, dtype=pl.Int64).alias("http_status"),
-                           pl.lit(None, dtype=pl.String).alias("http_path"))
+                           pl.lit(None, dtype=pl.String).alias("http_path"),
+                           pl.lit(None, dtype=pl.Int64).alias("http_line"))
     if http.height == 0 or req.height == 0:
         return req
     http = http.filter(pl.col("method") == "POST").with_row_index("_hi")
@@ -358,10 +360,11 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
     lines = lines.with_columns(pl.col("_m").shift(1, fill_value=0).over(keys).alias("_prev"))
     tied = (lines.filter(pl.col("_m") > pl.col("_prev")).select(*keys, pl.col("_m").alias("_rank"), "_hi")
             .join(closes.select(*keys, "_rank", "_ri"), on=[*keys, "_rank"])
-            .join(http.select("_hi", pl.col("status").cast(pl.Int64).alias("_st"), pl.col("http_path").alias("_hp")),
-                  on="_hi"))
-    tied = tied.select("_ri", pl.col("_st").alias("http_status"), pl.col("_hp").cast(pl.String).alias("http_path"))
-    return (req.drop("http_status", "http_path").with_row_index("_ri")
+            .join(http.select("_hi", pl.col("status").cast(pl.Int64).alias("_st"), pl.col("http_path").alias("_hp"),
+                              pl.col("line_no").cast(pl.Int64).alias("_hl")), on="_hi"))
+    tied = tied.select("_ri", pl.col("_st").alias("http_status"), pl.col("_hp").cast(pl.String).alias("http_path"),
+                       pl.col("_hl").alias("http_line"))
+    return (req.drop("http_status", "http_path", "http_line").with_row_index("_ri")
             .join(tied, on="_ri", how="left", maintain_order="left").drop("_ri"))
 
 
@@ -548,8 +551,9 @@ class RequestBuilder:
         matched = match_http(s.sort("line_first"), self._http_for_match(),
                              pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last"))))
         final = matched.filter(pl.col("_final")).drop("_final")
-        still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path")
+        still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path", "http_line")
         self._consume_http(final, final_all, last_line)
+        final = final.drop("http_line")
         if final_all:
             loose = loose.head(0)
         elif loose.height:  # errors with no slot (handler-level): kept a while in case the slot line is late
@@ -577,22 +581,18 @@ class RequestBuilder:
         return self.http.filter(~pl.col("status").is_in(HANDLER_ONLY_STATUS))
 
     def _consume_http(self, final: pl.DataFrame, final_all: bool, last_line: int | None) -> None:
-        """Drop HTTP lines that were tied to final requests, and old ones tied to nothing."""
+        """Drop the HTTP lines tied to final requests, and old ones tied to nothing.
+
+        A line tied to nothing (its request was rejected before any slot took it, or it is a GET) stays
+        until it is old: it must not take the place of a tied one.
+        """
         if self.http.height == 0:
             return
         if final_all:
             self.http = pl.DataFrame()
             return
-        used = final.filter(pl.col("http_status").is_not_null())
-        n_used = used.height
-        # FIFO: the lines used are the earliest eligible ones per instance; drop that many per instance
-        if n_used:
-            counts = used.group_by("ikey", "instance_no").agg(pl.len().alias("_n"))
-            h = self.http.sort("line_no").with_columns(
-                (~pl.col("status").is_in(HANDLER_ONLY_STATUS)).alias("_elig"))
-            h = h.with_columns(pl.col("_elig").cast(pl.Int64).cum_sum().over("ikey", "instance_no").alias("_rank"))
-            h = h.join(counts, on=["ikey", "instance_no"], how="left").with_columns(pl.col("_n").fill_null(0))
-            h = h.filter(~(pl.col("_elig") & (pl.col("_rank") <= pl.col("_n")))).drop("_elig", "_rank", "_n")
-            self.http = h
+        used = final["http_line"].drop_nulls()
+        if len(used):
+            self.http = self.http.filter(~pl.col("line_no").is_in(used.implode()))
         if last_line is not None:
             self.http = self.http.filter(pl.col("line_no") >= last_line - self.hold)

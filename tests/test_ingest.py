@@ -257,7 +257,8 @@ def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.Mo
     assert Store(many).table("files").select(keep).rows() == Store(one).table("files").select(keep).rows()
 
 
-FIXTURE_LOGS = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "logs").glob("*.log"))
+FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+FIXTURE_LOGS = sorted(FIXTURE_DIR.glob("*.log"))
 
 
 @pytest.mark.parametrize("chunk_bytes", [200, 700])
@@ -275,6 +276,42 @@ def test_every_fixture_gives_the_same_requests_in_tiny_chunks(tmp_path: Path, mo
     assert many.table("requests").sort("line_first").equals(one.table("requests").sort("line_first"))
     keep = ["lines_total", "lines_parsed", "lines_skipped", "lines_unparsed", "skipped_by_kind", "bytes_read"]
     assert many.table("files").select(keep).rows() == one.table("files").select(keep).rows()
+
+
+def _era4_request(slot: int, task: int, part: str) -> list[str]:
+    if part == "start":
+        return [f"slot launch_slot_: id  {slot} | task {task} | processing task",
+                f"slot update_slots: id  {slot} | task {task} | new prompt, n_ctx_slot = 2048, n_keep = 0, "
+                "n_prompt_tokens = 100"]
+    return [f"slot      release: id  {slot} | task {task} | stop processing: n_past = 149, truncated = 0",
+            f"slot print_timing: id  {slot} | task {task} | ",
+            "prompt eval time =      80.00 ms /   100 tokens (    0.80 ms per token,  1250.00 tokens per second)",
+            "       eval time =    1185.00 ms /    50 tokens (   23.70 ms per token,    42.19 tokens per second)",
+            "      total time =    1265.00 ms /   150 tokens"]
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 150, 300])
+def test_an_http_line_tied_to_nothing_does_not_shift_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 chunk_bytes: int | None) -> None:
+    """A POST rejected before any slot took it (nothing had closed yet) is tied to no request, and the lines
+    after it still go to their own requests however the log is cut: each status below is the request's own."""
+    from parsers import reader
+
+    def http(status: int) -> list[str]:
+        return [f"srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 {status}"]
+
+    req = _era4_request
+    lines = ((FIXTURE_DIR / "era4-bare-b4747.log").read_text().splitlines()[:23] + http(400)
+             + req(0, 1, "start") + req(1, 2, "start") + req(0, 1, "end") + req(1, 2, "end") + http(200) + http(500)
+             + req(0, 3, "start") + req(0, 3, "end") + http(201) + req(1, 7, "start") + req(0, 5, "start")
+             + req(0, 5, "end") + http(202) + req(1, 7, "end") + http(502))
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    if chunk_bytes is not None:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
+    ingest(tmp_path / "store", [log], run="r")
+    got = Store(tmp_path / "store").table("requests").sort("line_first").select("task", "http_status").rows()
+    assert got == [(1, 200), (2, 500), (3, 201), (7, 502), (5, 202)]
 
 
 @pytest.mark.parametrize("seed", [1, 2])
