@@ -339,7 +339,7 @@ class Ingestor:
                 inst_rows[:] = [collapse_facts(inst_rows)]
             final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
             if final.height:
-                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                n_requests += self._write_requests(final, req_counts, inst_rows, fid, path, run, fmt, label,
                                                    f"{start_line:012d}-{chunk_no:05d}")
             events_out = self._events_frame(ev, path, fid)
             self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
@@ -394,7 +394,7 @@ class Ingestor:
         if compression:  # a compressed file does not grow: what is still open is final
             final = builder.finish()
             if final.height:
-                n_requests += self._write_requests(final, req_counts, inst_rows, prev, fid, path, run, fmt, label,
+                n_requests += self._write_requests(final, req_counts, inst_rows, fid, path, run, fmt, label,
                                                    f"{start_line:012d}-end")
             open_counts = req_counts
         else:
@@ -403,7 +403,7 @@ class Ingestor:
             # rows stay open so the lines that finish them are merged in.
             still_open = builder.peek()
             if still_open.height:
-                self._write_requests(still_open, open_counts, inst_rows, prev, fid, path, run, fmt, label, "open")
+                self._write_requests(still_open, open_counts, inst_rows, fid, path, run, fmt, label, "open")
         # what an append needs to continue: open requests and unmatched HTTP lines
         if builder.open.height:
             self.txn.write("_partials", builder.open, run=run, name=f"{fid}-state")
@@ -411,7 +411,7 @@ class Ingestor:
             self.txn.write("_http", builder.http, run=run, name=f"{fid}-state")
         if inst_rows:
             self.txn.write("_facts", collapse_facts(inst_rows), run=run, name=f"{fid}-state")
-        instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, open_counts)
+        instances = self._instances(inst_rows, path, run, fmt, label, open_counts)
         self.txn.write("instances", instances, run=run, name=f"{fid}-inst")
         self._record_file(fid, path, run, fmt.name, compression, stat, head_sha, rstate.end_offset or start_offset,
                           rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, n_requests,
@@ -425,9 +425,8 @@ class Ingestor:
             lines, parsed, sum(skipped.values()), unparsed_n, sum(open_counts.values()) if not compression
             else n_requests))
 
-    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame],
-                        prev: dict | None, fid: str, path: Path, run: str, fmt: Format, label: str,
-                        part_name: str) -> int:
+    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame], fid: str,
+                        path: Path, run: str, fmt: Format, label: str, part_name: str) -> int:
         seen = final.group_by("ikey", "instance_no").agg(pl.len().alias("n"))
         for k, i, n in seen.iter_rows():
             req_counts[(int(k), int(i))] += int(n)
@@ -436,7 +435,7 @@ class Ingestor:
         known = getattr(self, "_inst_known", {})
         wanted = {(int(k), int(i)) for k, i, _ in seen.iter_rows()}
         if fid != getattr(self, "_inst_fid", None) or any(known.get(w) is None for w in wanted):
-            instances = self._instances(inst_rows, prev, fid, path, run, fmt, label, req_counts)
+            instances = self._instances(inst_rows, path, run, fmt, label, req_counts)
             self._inst_fid = fid
             self._inst_known = {(int(k), int(i)): c for k, i, c in
                                 self._instances_full.select("ikey", "instance_no", "n_ctx_slot").iter_rows()}
@@ -489,7 +488,7 @@ class Ingestor:
         )
         return light.join(heavy, on=keys, how="left")
 
-    def _instances(self, rows: list[pl.DataFrame], prev: dict | None, fid: str, path: Path, run: str, fmt: Format,
+    def _instances(self, rows: list[pl.DataFrame], path: Path, run: str, fmt: Format,
                    label: str, req_counts: Counter) -> pl.DataFrame:
         frames = [r for r in rows if r.height]
         if not frames:
