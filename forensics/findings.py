@@ -2,8 +2,9 @@
 
 Each finding runs a named SQL file from ``forensics/queries/`` (runaways, deadslots, cap, errors) over
 the store's DuckDB views with bound parameters, on top of ``findings_base.sql`` (the ``fx_requests``
-table: the requests of the chosen runs, built once per session).  A request's item and stage come from the ``matches`` table when the store has one with rows;
-otherwise baselines are per run and instance instead of per run and stage.
+table: the requests of the chosen runs, built once per session).  A request's item and stage come from
+the ``matches`` table when the store has one with rows; otherwise baselines are per run and instance
+instead of per run and stage.
 
 Library only: no click, no altair.  The rules and their defaults are in the README ("Findings").
 """
