@@ -11,6 +11,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from forensics import schema
+from forensics.errors import StoreError
 from forensics.store import Store, fetch_pl
 
 # (check, SQL listing the offenders (first column names one), problem, repair, the text when there is none)
@@ -43,7 +44,13 @@ def check_store(store: Store) -> pl.DataFrame:
     def bad(check: str, detail: str, repair: str) -> None:
         rows.append({"check": check, "status": "problem", "detail": detail, "repair": repair})
 
-    notes = store.recover()
+    try:
+        with store.lock(wait=False):  # recovery deletes staged parts: only ever under the writers' lock
+            notes = store.recovered
+    except StoreError:
+        notes = []
+        bad("writer", "an ingest is writing to the store now; interrupted commits were not looked at",
+            "run `forensics check` again when it has finished")
     for n in notes:
         bad("interrupted commit", n, "nothing to do: it was completed or discarded just now")
     listed: set[str] = set()

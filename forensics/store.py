@@ -12,8 +12,13 @@ The ``run`` column is the hive partition key: it lives in the directory name, no
 DuckDB, Spark and Trino read the same folders the same way.  A commit writes new parts under a
 temporary name, journals the planned renames and deletions, then applies them and replaces the
 manifest with an atomic rename.  An interrupted commit is rolled forward (journal complete) or
-discarded (journal incomplete) the next time the store is opened, so readers only ever see the
-store as it was before or after an ingest.
+discarded (journal incomplete) by the next writer, under the lock: readers never change or delete
+anything, and they only ever see the store as it was before or after an ingest (the manifest is
+replaced in one rename, and it names only parts that are already in place).
+
+``FAULT`` is a test hook: when set, it is called with the name of every step of a commit (the journal
+write, each rename, the manifest write, each deletion), so a test can stop the process at exactly
+that step.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import json
 import os
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +45,12 @@ from forensics.paths import default_store_path as default_store_path
 
 MANIFEST = "_manifest.json"
 FORMAT_VERSION = 1
+FAULT: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if FAULT is not None:
+        FAULT(name)
 
 
 def escape_partition(value: str) -> str:
@@ -130,8 +141,8 @@ class Store:
             if not create:
                 raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")
             self._init()
-        self.recover()
         self._manifest = self._read_manifest()
+        self.recovered: list[str] = []  # what the last ``lock`` found to finish or discard
 
     # ------------------------------------------------------------------ layout
     def _init(self) -> None:
@@ -185,7 +196,7 @@ class Store:
                 if on_wait is not None:
                     on_wait()
                 fcntl.flock(fh, fcntl.LOCK_EX)
-            self.recover()
+            self.recovered = self.recover()
             self._manifest = self._read_manifest()
             yield
         finally:
@@ -206,6 +217,10 @@ class Store:
                 manifest["meta"].pop(key, None)
             else:
                 manifest["meta"][key] = value
+        missing = [tmp for tmp, _ in txn.staged if not (self.root / tmp).exists()]
+        if missing:
+            raise StoreError(f"commit refused: the staged part {missing[0]} is missing",
+                             hint="nothing was changed; run the ingest again")
         journal = {
             "txn": txn.txn_id,
             "renames": txn.staged,
@@ -215,23 +230,43 @@ class Store:
         }
         jdir = self.root / ".txn"
         jdir.mkdir(exist_ok=True)
+        _step("journal:before")
         self._write_json(jdir / f"{txn.txn_id}.json", journal)  # the commit point
+        _step("journal:after")
         self._apply(journal)
         (jdir / f"{txn.txn_id}.json").unlink(missing_ok=True)
         self._manifest = manifest
 
     def _apply(self, journal: dict[str, Any]) -> None:
-        for tmp, final in journal["renames"]:
+        """Rename the staged parts into place, replace the manifest, delete the parts it dropped.
+
+        The manifest is written only when every part the commit adds is in place: a manifest never names
+        a missing part (StoreError instead, and the store stays as it was).
+        """
+        for i, (tmp, final) in enumerate(journal["renames"]):
             src, dst = self.root / tmp, self.root / final
+            _step(f"rename:{i}:before")
             if src.exists():
                 os.replace(src, dst)
+            _step(f"rename:{i}:after")
+        absent = [final for _, final in journal["renames"] if not (self.root / final).exists()]
+        if absent:
+            raise StoreError(f"commit {journal.get('txn')} cannot complete: its part {absent[0]} is missing",
+                             hint="the store is as it was before that ingest; run the ingest again")
+        _step("manifest:before")
         self._write_json(self.root / MANIFEST, journal["manifest"])
-        for rel in journal["deletes"]:
+        _step("manifest:after")
+        for i, rel in enumerate(journal["deletes"]):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / rel).unlink()
+            _step(f"delete:{i}")
 
     def recover(self) -> list[str]:
-        """Finish or discard an interrupted commit; remove stray temporary files."""
+        """Finish or discard an interrupted commit; remove stray temporary files.
+
+        Only a writer holding the lock may call this (``lock`` does): the temporary files it removes are
+        the staged parts of whoever is writing.
+        """
         notes: list[str] = []
         jdir = self.root / ".txn"
         if jdir.exists():
@@ -243,6 +278,8 @@ class Store:
                         notes.append(f"completed interrupted commit {journal.get('txn')}")
                 except (OSError, json.JSONDecodeError):
                     notes.append(f"discarded incomplete commit journal {jpath.name}")
+                except StoreError as exc:
+                    notes.append(f"discarded commit journal {jpath.name}: {exc.message}")
                 jpath.unlink(missing_ok=True)
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)

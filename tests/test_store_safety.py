@@ -1,19 +1,21 @@
-"""Crash safety (SIGKILL at random points), the writer lock, `forensics check`, names that try to escape."""
+"""Crash safety (a crash at every step of a commit), the writer lock, `forensics check`, names that try to escape."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import forensics.store as store_mod
 from forensics.cli import cli
 from forensics.ingest import ingest
 from forensics.store import Store, escape_partition
@@ -42,29 +44,119 @@ def snapshot(store_dir: Path) -> tuple[int, int]:
     return (s.table("requests").height, s.table("events").height)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_sigkill_leaves_store_before_or_after(tmp_path: Path, seed: int) -> None:
+class Crash(BaseException):
+    """Stops an ingest at one step of its commit, as a kill would: nothing after it runs."""
+
+
+def _crash_at(k: int) -> Callable[[str], None]:
+    """A hook that crashes at the k-th step (step names repeat: an ingest commits more than once)."""
+    seen = [0]
+
+    def hook(step: str) -> None:
+        seen[0] += 1
+        if seen[0] == k + 1:
+            raise Crash(step)
+    return hook
+
+
+def _commit_steps(store_dir: Path, logs: Path) -> list[str]:
+    """Every step the commit of ``ingest(store_dir, [logs])`` goes through, in order (on a copy)."""
+    seen: list[str] = []
+    copy = store_dir.parent / "steps-copy"
+    shutil.copytree(store_dir, copy)
+    store_mod.FAULT = seen.append
+    try:
+        ingest(copy, [logs])
+    finally:
+        store_mod.FAULT = None
+    shutil.rmtree(copy)
+    return seen
+
+
+def test_a_crash_at_any_step_of_a_commit_leaves_the_store_before_or_after(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    write_log(logs / "a.log", 20000)
-    write_log(logs / "b.log", 20000)
+    write_log(logs / "a.log", 30)
+    write_log(logs / "b.log", 40)
     store_dir = tmp_path / "store"
     ingest(store_dir, [logs / "a.log"])
     before = snapshot(store_dir)
-    assert before == (20000, 100000)
-    rng = random.Random(seed)
+    assert before == (30, 150)
+    write_log(logs / "a.log", 35)  # grown: the commit also drops the parts it replaces
+    after = (75, 375)
+    steps = _commit_steps(store_dir, logs)
+    assert steps[:2] == ["journal:before", "journal:after"] and "manifest:before" in steps
+    assert any(s.startswith("rename:") for s in steps) and any(s.startswith("delete:") for s in steps)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(store_dir, pristine)
+    outcomes = []
+    for k, point in enumerate(steps):
+        shutil.rmtree(store_dir)
+        shutil.copytree(pristine, store_dir)
+        store_mod.FAULT = _crash_at(k)
+        try:
+            with pytest.raises(Crash):
+                ingest(store_dir, [logs])
+        finally:
+            store_mod.FAULT = None
+        # a reader sees the store as it was before or after, and changes nothing
+        listing = sorted(str(p) for p in store_dir.rglob("*"))
+        state = snapshot(store_dir)
+        assert state in (before, after), point
+        assert sorted(str(p) for p in store_dir.rglob("*")) == listing, point
+        outcomes.append(state)
+        # the next writer finishes or discards the interrupted commit, and its own ingest completes
+        ingest(store_dir, [logs])
+        assert snapshot(store_dir) == after, point
+        res = CliRunner().invoke(cli, ["check", "--store", str(store_dir)])
+        assert res.exit_code == 0, (point, res.output)
+    # readers see the new state from the moment the manifest is replaced, never earlier
+    flip = steps.index("manifest:after")
+    assert outcomes == [before] * flip + [after] * (len(steps) - flip)
+
+
+def test_sigkill_in_the_middle_of_a_commit(tmp_path: Path) -> None:
+    """The same as above with a real kill -9 of a separate process, at the manifest write."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_log(logs / "a.log", 30)
+    store_dir = tmp_path / "store"
+    code = ("import os, sys; import forensics.store as s; "
+            "s.FAULT = lambda p: os.kill(os.getpid(), 9) if p == 'manifest:before' else None; "
+            "from pathlib import Path; from forensics.ingest import ingest; ingest(Path(sys.argv[1]), [Path(sys.argv[2])])")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "forensics", "ingest", "--store", str(store_dir), str(logs)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(rng.uniform(0.3, 2.5))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    state = snapshot(store_dir)  # opening the store rolls an interrupted commit forward or discards it
-    assert state in (before, (40000, 200000))
-    ingest(store_dir, [logs])
-    assert snapshot(store_dir) == (40000, 200000)
-    res = CliRunner().invoke(cli, ["check", "--store", str(store_dir)])
-    assert res.exit_code == 0, res.output
+    proc = subprocess.run([sys.executable, "-c", code, str(store_dir), str(logs)], env=env, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert list((store_dir / ".txn").glob("*.json"))  # the journal is there: the commit point was passed
+    assert snapshot(store_dir) == (0, 0)  # a reader sees the store before the commit and leaves it
+    ingest(store_dir, [logs])  # the next writer rolls the commit forward
+    assert snapshot(store_dir) == (30, 150)
+    assert not list((store_dir / ".txn").glob("*.json"))
+
+
+def test_opening_the_store_during_an_ingest_does_not_touch_its_staged_parts(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_log(logs / "a.log", 30)
+    store_dir = tmp_path / "store"
+    Store(store_dir, create=True)
+    opened: list[tuple[int, int]] = []
+
+    def reader_opens(step: str) -> None:
+        if step == "journal:before" and not opened:  # every part is staged under its temporary name now
+            staged = list(store_dir.rglob("*.tmp-*"))
+            assert staged
+            opened.append(snapshot(store_dir))  # summary, sql, a notebook cell...
+            CliRunner().invoke(cli, ["check", "--store", str(store_dir)])
+            assert all(p.exists() for p in staged)
+
+    store_mod.FAULT = reader_opens
+    try:
+        ingest(store_dir, [logs])
+    finally:
+        store_mod.FAULT = None
+    assert opened == [(0, 0)]
+    assert snapshot(store_dir) == (30, 150)
 
 
 def test_second_ingest_waits_for_the_lock(tmp_path: Path) -> None:
