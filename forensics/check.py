@@ -8,6 +8,7 @@ its unparsed rows match ``files.lines_unparsed``, and each instance's request co
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forensics import schema
@@ -67,7 +68,7 @@ def check_store(store: Store) -> pl.DataFrame:
             if table in schema.TABLES:
                 try:
                     names = set(pq.read_schema(path).names)
-                except Exception as exc:  # unreadable parquet
+                except (OSError, pa.ArrowException) as exc:  # unreadable parquet
                     bad("part readable", f"{table}: {rel}: {exc}", "delete the store and ingest again")
                     continue
                 need = {c.name for c in schema.TABLES[table]} - {"run"}

@@ -1,23 +1,27 @@
 """The ``forensics`` command: a thin shell over the library.
 
-Each command parses options, calls one library function and renders its result.  Errors from the
-library (``ForensicsError``) become one line on stderr and exit code 2 here, in one place.
+Each command parses options, calls one library function and renders its result.  Errors become one
+line on stderr and an exit code here, in one place (``ForensicsGroup.invoke``): the library's own
+errors (``ForensicsError``) exit 2, anything unexpected is a bug and exits 3 (``--debug`` shows its
+traceback).
 
 Exit codes: 0 ok; 1 findings when a ``--fail-on`` gate trips or a smoke budget fails; 2 usage or input
-error.
+error; 3 internal error.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from forensics.errors import ExitCode, ForensicsError
+from forensics.errors import ExitCode, ForensicsError, InternalError, bug_boundary
 from forensics.paths import default_store_path
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
@@ -43,19 +47,25 @@ def resolve_store(path: Path | None) -> Path:
 
 
 class ForensicsGroup(click.Group):
-    """Turns the library's errors into one line on stderr and their exit code, for every command."""
+    """Turns errors into one line on stderr and their exit code, for every command: the library's own
+    errors exit 2, anything else is a bug and exits 3 (``bug_boundary``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with bug_boundary(passthrough=(click.exceptions.Exit, click.ClickException, click.exceptions.Abort)):
+                return super().invoke(ctx)
         except ForensicsError as exc:
+            if isinstance(exc, InternalError) and ((ctx.obj or {}).get("debug") or os.environ.get("FORENSICS_DEBUG")):
+                traceback.print_exception(exc.__cause__ or exc)
             click.echo(f"forensics: error: {exc.one_line()}", err=True)
             ctx.exit(int(exc.exit_code))
 
 
 @click.group(cls=ForensicsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="llama-forensics")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the Python traceback of an internal error (also FORENSICS_DEBUG=1).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """Forensics for llama-server logs and batch replay runs.
 
     \b
@@ -66,18 +76,14 @@ def cli() -> None:
     forensics missing run-42          items missing from a run, and why
     forensics throughput              throughput vs concurrency across runs
 
-    Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error.
+    Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error;
+    3 internal error (a bug: --debug shows the traceback).
     """
+    ctx.obj = {"debug": debug}
 
 
 for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"forensics.commands.{_name}")
-    except ModuleNotFoundError as _exc:  # a command module not written yet
-        if _exc.name != f"forensics.commands.{_name}":
-            raise
-        continue
-    _mod.register(cli)
+    importlib.import_module(f"forensics.commands.{_name}").register(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

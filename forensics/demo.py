@@ -6,6 +6,7 @@ of the user's.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from forensics import findings, report
+from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
 from forensics.ingest import ingest, summary
 from forensics.store import Store
@@ -25,8 +27,29 @@ class DemoResult:
     notes: list[str] = field(default_factory=list)
 
 
-def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
+MARKER = ".forensics-demo"  # written into the folder a demo makes: only such a folder is ever replaced
+
+
+def prepare_out(out: Path) -> None:
+    """Make ``out`` an empty folder for the demo: a folder an earlier demo made is emptied; any other
+    folder with something in it is refused (never deleted)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file", hint="pass --out with a folder path")
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise InputError(f"{out} is not empty and was not made by `forensics demo`",
+                             hint="pass --out with a new or empty folder")
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by `forensics demo`: the next demo with this --out replaces this folder\n")
+
+
+def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
+    prepare_out(out)
     logs = out / "logs"
     gen = generate(demo_scenarios(), out, fmt="era5", seed=seed)
     echo(f"demo: generated {gen.requests} server requests (runs at np 1 to 8, a main and a backup instance, "

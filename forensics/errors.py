@@ -7,6 +7,8 @@ known) and the next step to take.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import IntEnum
 
 
@@ -16,6 +18,7 @@ class ExitCode(IntEnum):
     OK = 0
     FINDINGS = 1  # a --fail-on gate tripped, or a smoke budget failed
     USAGE = 2  # bad options or bad input
+    INTERNAL = 3  # a bug: an unexpected error (one line asking for a bug report; --debug shows the traceback)
 
 
 class ForensicsError(Exception):
@@ -71,3 +74,30 @@ class QueryError(ForensicsError):
 
 class NotFoundError(ForensicsError):
     """A run, instance or other named thing does not exist in the store."""
+
+
+BUG_HINT = "this is a bug in forensics: please report it with the command you ran; --debug shows the traceback"
+
+
+class InternalError(ForensicsError):
+    """An unexpected error (a bug), carried as one line; the original exception is its ``__cause__``."""
+
+    exit_code = ExitCode.INTERNAL
+
+    def __init__(self, exc: BaseException, *, path: str | None = None, line: int | None = None) -> None:
+        text = str(exc).strip().splitlines()
+        detail = f": {text[0][:300]}" if text else ""
+        super().__init__(f"internal error: {type(exc).__name__}{detail}", path=path, line=line, hint=BUG_HINT)
+
+
+@contextlib.contextmanager
+def bug_boundary(*, path: str | None = None, line: int | None = None,
+                 passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn any unexpected exception raised inside into an ``InternalError`` (exit 3): the one place that
+    catches every exception.  ``ForensicsError`` and the ``passthrough`` types go through unchanged."""
+    try:
+        yield
+    except (ForensicsError, *passthrough):
+        raise
+    except Exception as exc:
+        raise InternalError(exc, path=path, line=line) from exc

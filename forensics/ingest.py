@@ -101,19 +101,25 @@ def strip_exts(name: str) -> str:
     return file_stem(name) or "run"
 
 
-def discover(paths: list[Path]) -> list[tuple[Path, Path | None]]:
-    """Files under ``paths`` (recursively), each with the root it was found under."""
+def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Path]]:
+    """Files under ``paths`` (recursively), each with the root it was found under; and the hidden files
+    (dot files) found in folders, which are not read unless named."""
     out: list[tuple[Path, Path | None]] = []
+    hidden: list[Path] = []
     for p in paths:
         if not p.exists():
             raise InputError("no such file or folder", path=str(p), hint="check the path")
         if p.is_dir():
             for f in sorted(p.rglob("*")):
-                if f.is_file() and not f.name.startswith(".") and f.name not in SKIP_NAMES:
+                if not f.is_file():
+                    continue
+                if any(part.startswith(".") for part in f.relative_to(p).parts) or f.name in SKIP_NAMES:
+                    hidden.append(f)
+                else:
                     out.append((f, p))
         else:
             out.append((p, None))
-    return out
+    return out, hidden
 
 
 def detect_format(path: Path, head: bytes | None = None) -> str | None:
@@ -593,7 +599,7 @@ def check_tz(tz: str) -> str:
     """``tz`` if it is a time zone polars knows (IANA names such as Europe/Berlin, or UTC)."""
     try:
         pl.Series([datetime(2026, 1, 1)]).dt.replace_time_zone(tz)
-    except Exception as exc:  # polars raises ComputeError for unknown zones
+    except pl.exceptions.PolarsError as exc:  # ComputeError for an unknown zone
         raise InputError(f"unknown time zone {tz!r}", hint="use an IANA name such as Europe/Berlin, or UTC") from exc
     return tz
 
@@ -604,7 +610,12 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
            progress: Callable[[int, int], None] | None = None, on_wait: Callable[[], None] | None = None,
            ) -> IngestResult:
     """Ingest files and folders into the store at ``store_path`` (created if missing)."""
-    files = discover(paths)
+    files, hidden = discover(paths)
+    inside = store_path.resolve()
+    files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
+    if not files:
+        raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
+                         hint="pass the log files or the folders that hold them")
     if mapping is not None:  # a bad mapping fails before anything is read
         from forensics import replay
 
@@ -613,6 +624,9 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
+        if hidden:
+            ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
+                                       f"(e.g. {hidden[0]}); name a file to read it")
         total = sum(f.stat().st_size for f, _ in files)
         done = [0]
         for path, root in files:

@@ -43,6 +43,8 @@ def _cell(v: Any) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return ""
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
         if v == int(v) and abs(v) < 1e15:
             return f"{v:.1f}"
         return f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"

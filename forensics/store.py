@@ -137,6 +137,8 @@ class Store:
 
     def __init__(self, root: Path | str, *, create: bool = False) -> None:
         self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.root} is a file, not a store folder", hint="pass --store DIR with a folder path")
         if not (self.root / MANIFEST).exists():
             if not create:
                 raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")

@@ -79,6 +79,8 @@ def register(cli: click.Group) -> None:
     @cli_mod.store_option
     def sql(query: str, fmt: str, store_path: Path | None) -> None:
         """Run a SQL QUERY (DuckDB) over the store's tables."""
+        import duckdb
+
         from forensics.render import render
         from forensics.store import Store, fetch_pl
 
@@ -86,7 +88,7 @@ def register(cli: click.Group) -> None:
         con = store.connect()
         try:
             df = fetch_pl(con, query)
-        except Exception as exc:  # duckdb errors are many types
+        except duckdb.Error as exc:
             from forensics.errors import QueryError
 
             raise QueryError(str(exc).splitlines()[0], hint="check the SQL; tables: files, instances, events, "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,15 +11,13 @@ import click
 def register(cli: click.Group) -> None:
     @cli.command()
     @click.option("--out", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
-                  help="Folder for the generated logs, the store and the report (replaced).")
+                  help="Folder for the generated logs, the store and the report (a folder an earlier demo made is replaced; any other folder must be empty).")
     @click.option("--seed", type=int, default=7, show_default=True)
     def demo(out: Path, seed: int) -> None:
         """Generate a scenario (runs at np 1..8, a dead slot, a runaway, missing items), analyse it, write a report."""
         from forensics import demo as demo_mod  # the generator, findings and report load only when asked for
         from forensics.render import render
 
-        if out.exists():
-            shutil.rmtree(out)
         result = demo_mod.run_demo(out, seed=seed, echo=lambda m: click.echo(m, err=True))
         for title, df in result.sections:
             click.echo(f"# {title}")

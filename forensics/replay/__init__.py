@@ -166,11 +166,8 @@ def existing_records(store: Any, runs: Sequence[str], exclude_sources: Sequence[
     out = Records()
     if not runs:
         return out
-    try:
-        r = store.table("runs")
-        a = store.table("attempts")
-    except Exception:  # a store without these tables yet
-        return out
+    r = store.table("runs")
+    a = store.table("attempts")
     excl = [str(s) for s in exclude_sources]
     if r.height:
         out.runs = schema.conform(r.filter(pl.col("run").is_in(list(runs)) & ~pl.col("source").is_in(excl)), "runs")

@@ -424,10 +424,4 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
 
 def join_store(store: Any) -> JoinResult:
     """``join`` over the store's ``requests``, ``instances``, ``runs`` and ``attempts`` tables."""
-    def table(name: str) -> pl.DataFrame:
-        try:
-            return store.table(name)
-        except Exception:
-            return schema.empty(name)
-
-    return join(table("requests"), table("instances"), table("runs"), table("attempts"))
+    return join(store.table("requests"), store.table("instances"), store.table("runs"), store.table("attempts"))

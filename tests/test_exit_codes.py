@@ -1,0 +1,107 @@
+"""Exit codes as a contract: 0 ok, 1 findings under a gate, 2 usage or input error, 3 internal error.
+
+Every command, given bad input, answers in one line on stderr with code 2, never with a traceback; an
+unexpected error is one line asking for a bug report with code 3 (``--debug`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import forensics.ingest as ingest_mod
+from forensics.cli import cli
+from forensics.ingest import ingest
+
+LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "era5-default-b10587.log"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(cli, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("exit")
+    ingest(d / "store", [LOG], run="r1")
+    return d / "store"
+
+
+def test_sql_that_yields_infinity_prints_it(store: Path) -> None:
+    assert run("sql", "--store", str(store), "select 1/0 as x, -1/0 as y", "--format", "csv") == \
+        (0, "x,y\ninf,-inf\n", "")
+    code, out, _ = run("sql", "--store", str(store), "select 1/0 as x")
+    assert code == 0 and out.splitlines()[-1].strip() == "inf"
+
+
+def test_a_file_given_as_the_store_is_an_input_error(tmp_path: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, out, err = run("ingest", str(LOG), "--store", str(f))
+    assert (code, out) == (2, "")
+    assert err == f"forensics: error: {f} is a file, not a store folder (pass --store DIR with a folder path)\n"
+
+
+def test_an_empty_folder_ingests_nothing_and_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run("ingest", str(empty), "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert err == f"forensics: error: no files to read under {empty} (pass the log files or the folders that " \
+                  "hold them)\n"
+
+
+def test_hidden_files_are_reported_not_skipped_silently(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    (logs / ".cache").mkdir(parents=True)
+    shutil.copy(LOG, logs / "server.log")
+    (logs / ".cache" / "old.log").write_text("x\n")
+    code, _, err = run("ingest", str(logs), "--store", str(tmp_path / "s"))
+    assert code == 0
+    assert f"warning: skipped 1 hidden file (e.g. {logs / '.cache' / 'old.log'}); name a file to read it" in err
+
+
+def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object, **__: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(ingest_mod, "summary", broken)
+    code, out, err = run("summary", "--store", str(store))
+    assert (code, out) == (3, "")
+    assert err == ("forensics: error: internal error: ZeroDivisionError: division by zero (this is a bug in "
+                   "forensics: please report it with the command you ran; --debug shows the traceback)\n")
+    code, _, err = run("--debug", "summary", "--store", str(store))
+    assert code == 3
+    assert err.startswith("Traceback (most recent call last):") and "ZeroDivisionError" in err
+
+
+COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"],
+            ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"]]
+WORDS = ["r1", "nope", "--format", "json", "csv", "table", "xml", "--by", "np", "-o", "--fail-on", "any",
+         "--max-run", "20m", "--max-request", "-5", "abc", "--margin", "-1", "timeline", "select", "1/0",
+         "--quantile", "2", "--run", "", "--keep-going", "--mapping", "vllm-bench", "--tz", "Mars/Base",
+         "--started-at", "yesterday", "0", "--explain", "'", "\x00", "--seed", "x"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cmd=st.sampled_from(COMMANDS), words=st.lists(st.sampled_from(WORDS), max_size=5),
+       where=st.sampled_from(["store", "missing", "file", "empty"]))
+def test_no_command_answers_bad_input_with_a_traceback(store: Path, tmp_path: Path, cmd: list[str],
+                                                       words: list[str], where: str) -> None:
+    places = {"store": store, "missing": tmp_path / "no-such-store", "file": LOG, "empty": tmp_path}
+    args = [*cmd, *words, "--store", str(places[where])]
+    if cmd == ["ingest"]:
+        args = ["ingest", *words, str(tmp_path / "nothing-here"), "--store", str(tmp_path / "s")]
+    if cmd == ["generate"]:
+        args = ["generate", *words, str(tmp_path / "gen")]
+    code, _, err = run(*args)
+    assert code in (0, 1, 2), (args, code, err)
+    assert "Traceback" not in err and "internal error" not in err, (args, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) >= 1 and err.strip(), args
