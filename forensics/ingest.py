@@ -283,6 +283,7 @@ class Ingestor:
                 frames = [pl.read_parquet(self.store.root / rel) for rel in dropped.get(name, [])]
                 saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
         builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
+                                          http_last=(prev or {}).get("http_last"),
                                           seq=(prev or {}).get("seq"))
         req_counts: Counter = Counter({tuple(map(int, k.split("/"))): v
                                        for k, v in ((prev or {}).get("req_counts") or {}).items()})
@@ -424,7 +425,7 @@ class Ingestor:
                           state={"last_kind": carry.last_kind,
                                  "keys": {str(k): vars(v) for k, v in astate.keys.items()},
                                  "wrappers": sorted(wrappers_seen), "tz": self.tz,
-                                 "seq": builder.seq, "requests": n_requests,
+                                 "seq": builder.seq, "http_last": builder.http_last, "requests": n_requests,
                                  "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()}})
         self.result.files.append(FileReport(
             str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,

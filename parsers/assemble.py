@@ -485,17 +485,22 @@ HANDLER_ONLY_STATUS = (401, 403, 501, 503)  # answered by the HTTP handler, neve
 class RequestBuilder:
     """Builds the requests of one file chunk by chunk, handing out each request once it is final.
 
-    A request is final when a later task started on its slot, when its instance ended (restart), or
-    when it closed more than ``hold_lines`` lines ago (time enough for its timing block and HTTP line).
+    A request is final when a later task started on its slot, when its instance ended (restart), or at
+    the end of the log (``finish``): never by distance, so a request of any length stays one row.  A
+    final request that closed but has no HTTP line yet waits for one while its instance logs HTTP lines
+    (the line is written after the response, so it can follow the next task's start), up to
+    ``hold_lines`` lines; that bound only gives up on the HTTP status, it never splits a request.
     Only open requests and unmatched HTTP lines are kept between chunks, so memory does not grow with
     the file; the same state, saved in the store, lets an appended tail continue where parsing stopped.
     """
 
     def __init__(self, *, open_rows: pl.DataFrame | None = None, http: pl.DataFrame | None = None,
-                 seq: dict[str, int] | None = None, hold_lines: int = 5000) -> None:
+                 seq: dict[str, int] | None = None, http_last: dict[str, int] | None = None,
+                 hold_lines: int = 5000) -> None:
         self.open = open_rows if open_rows is not None else pl.DataFrame()
         self.http = http if http is not None else pl.DataFrame()
         self.seq: dict[str, int] = dict(seq or {})
+        self.http_last: dict[str, int] = dict(http_last or {})  # "ikey/instance" -> its latest POST line
         self.hold = hold_lines
 
     @staticmethod
@@ -506,6 +511,9 @@ class RequestBuilder:
         rows = merge_partials([self.open, part])
         if http.height:
             self.http = pl.concat([self.http, http], how="diagonal_relaxed") if self.http.height else http
+            posts = http.filter(pl.col("method") == "POST").group_by("ikey", "instance_no").agg(pl.col("line_no").max())
+            for k, i, line in posts.iter_rows():
+                self.http_last[f"{k}/{i}"] = max(int(line), self.http_last.get(f"{k}/{i}", 0))
         return self._emit(rows, last_line, final_all=False)
 
     def finish(self) -> pl.DataFrame:
@@ -513,11 +521,11 @@ class RequestBuilder:
 
     def peek(self) -> pl.DataFrame:
         """The requests still open, as rows, without closing them (the builder's state is unchanged)."""
-        saved = (self.open, self.http, dict(self.seq))
+        saved = (self.open, self.http, dict(self.seq), dict(self.http_last))
         try:
             return self.finish()
         finally:
-            self.open, self.http, self.seq = saved
+            self.open, self.http, self.seq, self.http_last = saved
 
     def _emit(self, rows: pl.DataFrame, last_line: int | None, *, final_all: bool) -> pl.DataFrame:
         if rows.height == 0:
@@ -535,21 +543,21 @@ class RequestBuilder:
                 pl.col("slot_found").alias("slot")).drop("slot_found")
             loose = loose.filter(pl.col("slot_found").is_null()).drop("slot_found")
             slotted = merge_partials([slotted, found])
-        # final: a later start on the same slot, a later instance on the same key, or closed long ago
-        latest = slotted.group_by("ikey", "instance_no", "slot").agg(pl.col("start_line").max().alias("_latest"))
+        # final: a later task started on the same slot, or a later instance on the same key (or the end)
+        began = pl.coalesce("start_line", "line_first")
+        latest = slotted.group_by("ikey", "instance_no", "slot").agg(began.max().alias("_latest"))
         last_inst = slotted.group_by("ikey").agg(pl.col("instance_no").max().alias("_last_inst"))
         s = slotted.join(latest, on=["ikey", "instance_no", "slot"], how="left").join(last_inst, on="ikey", how="left")
-        close = pl.coalesce("close_line", "line_last")
         if final_all:
             is_final = pl.lit(True)
         else:
-            is_final = ((pl.col("start_line").is_not_null() & (pl.col("start_line") < pl.col("_latest")))
-                        | (pl.col("instance_no") < pl.col("_last_inst"))
-                        | (close < last_line - self.hold))
+            is_final = (began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))
         s = s.with_columns(is_final.alias("_final")).drop("_latest", "_last_inst")
         # a request still open with no close line may yet log lines: its last line is not its close yet
-        matched = match_http(s.sort("line_first"), self._http_for_match(),
-                             pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last"))))
+        close = pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last")))
+        matched = match_http(s.sort("line_first"), self._http_for_match(), close)
+        if not final_all:
+            matched = matched.with_columns((pl.col("_final") & ~self._awaits_http(close, last_line)).alias("_final"))
         final = matched.filter(pl.col("_final")).drop("_final")
         still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path", "http_line")
         self._consume_http(final, final_all, last_line)
@@ -574,6 +582,18 @@ class RequestBuilder:
             key = self._key(k, i, sl)
             self.seq[key] = self.seq.get(key, 0) + int(n)
         return done
+
+    def _awaits_http(self, close: pl.Expr, last_line: int | None) -> pl.Expr:
+        """Closed, no HTTP line tied yet, in an instance that logs HTTP lines, and none came after its close
+        yet (FIFO: the next POST line of the instance would be its); given up after ``hold_lines``."""
+        if not self.http_last:
+            return pl.lit(False)
+        last = pl.DataFrame({"_k": list(self.http_last), "_h": list(self.http_last.values())},
+                            schema={"_k": pl.String, "_h": pl.Int64})
+        key = pl.col("ikey").cast(pl.String) + "/" + pl.col("instance_no").cast(pl.String)
+        seen = key.replace_strict(last["_k"], last["_h"], default=None)
+        return (close.is_not_null() & pl.col("http_status").is_null() & seen.is_not_null() & (seen < close)
+                & (close >= (last_line or 0) - self.hold))
 
     def _http_for_match(self) -> pl.DataFrame:
         if self.http.height == 0:

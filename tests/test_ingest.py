@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+import polars as pl
 import pyarrow.dataset as ds
 import pytest
 import zstandard
@@ -377,3 +378,42 @@ def test_two_logs_growing_in_one_ingest_keep_their_own_open_requests(tmp_path: P
     req = _requests(store_dir).sort("path")
     assert req.select("path", "task", "gen_tokens", "stop_reason").rows() == [
         (str(logs / "a.log"), 0, 178, "eos"), (str(logs / "b.log"), 0, 178, "eos")]
+
+
+def _long_request_log(path: Path, n_lines: int) -> int:
+    """Slot 0 runs one request spanning ``n_lines`` lines, logging a context shift now and then, while slot 1
+    serves short requests beside it (most of the lines).  Returns the number of short requests."""
+    lines = ["slot launch_slot_: id  0 | task 0 | processing task",
+             "slot update_slots: id  0 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, n_prompt_tokens = 100"]
+    shift = "slot update_slots: id  0 | task 0 | slot context shift, n_keep = 0, n_left = 4094, n_discard = 2047"
+    task = 1
+    while len(lines) < n_lines:
+        lines += _era4_request(1, task, "start") + _era4_request(1, task, "end")
+        task += 1
+        if task % 4000 == 0:
+            lines.append(shift)
+    lines += ["slot      release: id  0 | task 0 | stop processing: n_past = 4000, truncated = 1",
+              "slot print_timing: id  0 | task 0 | ",
+              "prompt eval time =      80.00 ms /   100 tokens (    0.80 ms per token,  1250.00 tokens per second)",
+              "       eval time = 1500000.00 ms / 30000 tokens (   50.00 ms per token,    20.00 tokens per second)",
+              "      total time = 1500080.00 ms / 30100 tokens"]
+    path.write_text("\n".join(lines) + "\n")
+    return task - 1
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 64 * 1024, 1024 * 1024, 3 * 1024 * 1024 + 17])
+def test_a_long_request_stays_one_request_however_the_log_is_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  chunk_bytes: int | None) -> None:
+    """A request whose lines span 100 000 lines (a runaway) is one row, complete, at every chunk size."""
+    from parsers import reader
+
+    log = tmp_path / "long.log"
+    short = _long_request_log(log, 100_000)
+    if chunk_bytes is not None:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
+    ingest(tmp_path / "s", [log], run="r")
+    req = Store(tmp_path / "s").table("requests").sort("slot", "task")
+    slot0 = req.filter(pl.col("slot") == 0).select("task", "gen_tokens", "stop_reason", "complete", "truncated").rows()
+    assert slot0 == [(0, 30000, "context", True, True)]
+    assert req.filter(pl.col("slot") == 1)["task"].to_list() == list(range(1, short + 1))
+    assert req.filter(pl.col("slot") == 1)["gen_tokens"].to_list() == [50] * short
