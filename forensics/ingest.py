@@ -22,7 +22,15 @@ from typing import Any
 import polars as pl
 
 from forensics import schema
-from forensics.errors import ForensicsError, InputError, UnknownFormatError
+from forensics.errors import (
+    BUG_HINT,
+    ExitCode,
+    ForensicsError,
+    InputError,
+    InternalError,
+    UnknownFormatError,
+    bug_boundary,
+)
 from forensics.paths import file_stem
 from forensics.store import Store, fetch_pl
 from parsers import assemble, reader
@@ -58,6 +66,7 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
     unknown_shapes: list[tuple[str, int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    bugs: int = 0  # files not read because of an internal error
 
     @property
     def totals(self) -> dict[str, int]:
@@ -178,6 +187,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str]] = []
+        self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
     def ingest_file(self, path: Path, root: Path | None, total_bytes: int, done_bytes: list[int]) -> None:
@@ -354,7 +364,8 @@ class Ingestor:
         last: Any = None
         for batch in batches():
             evs = [tail] if tail.height else []
-            for _chunk, res, ev in batch:
+            for chunk, res, ev in batch:
+                self.at_line = chunk.first_line_no
                 chunk_no += 1
                 engine.learn(res)
                 engine.join_chunks(res, carry.last_kind)
@@ -634,8 +645,12 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
             point = ing.txn.savepoint()
             meta_before = ing.files_meta.get(file_id_of(path))
             try:
-                ing.ingest_file(path, root, total, done)
+                with bug_boundary(path=str(path)):
+                    ing.ingest_file(path, root, total, done)
             except ForensicsError as exc:
+                if isinstance(exc, InternalError):
+                    exc.line = exc.line or ing.at_line
+                    ing.result.bugs += 1
                 # the other files still load: undo this file's partial work and go on
                 ing.txn.rollback_to(point)
                 if meta_before is None:
@@ -657,7 +672,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
-        if ing.result.errors and not keep_going:
+        if ing.result.errors and (not keep_going or ing.result.bugs):
             raise FilesNotRead(ing.result)
     return ing.result
 
@@ -668,6 +683,11 @@ class FilesNotRead(InputError):
     def __init__(self, result: IngestResult) -> None:
         self.result = result
         n = len(result.errors)
+        if result.bugs:
+            self.exit_code = ExitCode.INTERNAL
+            super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read, {result.bugs} of them because of "
+                             "a bug; the others were ingested", hint=BUG_HINT)
+            return
         super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read; the others were ingested",
                          hint="fix or remove them, or pass --keep-going to accept this")
 
