@@ -80,6 +80,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     3 internal error (a bug: --debug shows the traceback).
     """
     ctx.obj = {"debug": debug}
+    if debug:
+        os.environ["FORENSICS_DEBUG"] = "1"  # the library prints the traceback of a bug it recovers from
 
 
 for _name in COMMAND_MODULES:

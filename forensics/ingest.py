@@ -9,13 +9,17 @@ shrank) is read anew and its old rows are dropped.  All of one ingest is committ
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
+import os
 import re
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +38,9 @@ from forensics.errors import (
 from forensics.paths import file_stem
 from forensics.store import Store, fetch_pl
 from parsers import assemble, reader
-from parsers.engine import Carry, Engine, kind_dtype
+from parsers.engine import Carry, Engine
 from parsers.reader import compression_of, iter_chunks, read_head
-from parsers.spec import Format, get_format, load_formats
+from parsers.spec import Format, grammar, load_formats
 
 SKIP_NAMES = {".DS_Store"}
 WORKERS = 2
@@ -131,37 +135,40 @@ def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Pa
     return out, hidden
 
 
+HEAD_LINES = 4000
+
+
+@lru_cache(maxsize=1)
+def _detector() -> Engine:
+    return Engine(grammar())
+
+
 def detect_format(path: Path, head: bytes | None = None) -> str | None:
-    """The log format whose detection patterns match most head lines (after wrappers), or None."""
+    """The format most lines of the file's head belong to, or None when no line is a server line.
+
+    Every line of the head (256 KiB, at most 4000 lines) is classified with every format, so a preamble of
+    other text (a shell prompt, model output, a user's comment) does not hide the log after it.  Only lines
+    of a kind that plain text cannot match count: a file with any such line is a log.
+    """
     head = read_head(path) if head is None else head
     if not head:
         return None
     text = head.decode("utf-8", errors="replace")
     lines = text.split("\n")
-    if len(lines) > 1:
-        lines = lines[:-1] if not text.endswith("\n") else lines
-    lines = lines[:4000]
-    series = pl.Series("line", lines, dtype=pl.String)
-    formats = load_formats()
-    best, best_score = None, 0
-    for name, fmt in formats.items():
-        eng = Engine(fmt)
-        unwrapped, _, _ = eng.unwrap(series)
-        body = unwrapped.str.strip_prefix("\r")
-        if fmt.family == "text" and fmt.prefix:
-            _, body = _strip_prefix(body, fmt.prefix)
-        score = 0
-        for pattern in fmt.detect:
-            score += int(body.str.contains(pattern).sum())
-        if score > best_score:
-            best, best_score = name, score
-    return best
-
-
-def _strip_prefix(s: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Series]:
-    from parsers.engine import _prefix_extract
-
-    return _prefix_extract(s, regex)
+    if len(lines) > 1 and not text.endswith("\n"):
+        lines = lines[:-1]  # cut by the head's size
+    eng = _detector()
+    res = eng.classify(pl.Series("line", lines[:HEAD_LINES], dtype=pl.String), 1, Carry())
+    votes: Counter[str] = Counter()
+    for i, n in enumerate(res.kind_counts if res.kind_counts is not None else []):
+        kind = eng.kinds[i]
+        if n and not kind.weak:
+            votes[kind.format] += int(n)
+    if not votes:
+        return None
+    shared = {name for name, f in load_formats().items() if f.shared}
+    own = [(n, f) for f, n in votes.items() if f not in shared]
+    return max(own)[1] if own else max((n, f) for f, n in votes.items())[1]
 
 
 def mask_shape(text: str) -> str:
@@ -176,7 +183,7 @@ class Ingestor:
                  mapping: Path | str | None = None, tz: str = "UTC") -> None:
         self.store = store
         self.run = run
-        self.forced = get_format(fmt) if fmt else None
+        self.forced = grammar(fmt) if fmt else None
         self.started_at = started_at
         self.progress = progress
         self.keep_going = keep_going
@@ -207,13 +214,17 @@ class Ingestor:
             done_bytes[0] += stat.st_size
             return
         fmt_name = self.forced.name if self.forced else None
+        # replay records are told by their content (a manifest or attempt object): they are never logs
+        records_kind = self._canonical_records(path) if fmt_name is None else None
+        if records_kind is not None:
+            self._queue_records(path, records_kind, run)
+            return
         if fmt_name is None:
             fmt_name = detect_format(path)
+        if fmt_name is None and self.mapping is not None:  # a harness's own records, read by the mapping
+            self._queue_records(path, "mapped", run)
+            return
         if fmt_name is None:
-            records_kind = self._records_kind(path)
-            if records_kind is not None:
-                self._queue_records(path, records_kind, run)
-                return
             if stat.st_size == 0 or (compression and not read_head(path, 1)):
                 msg = "empty file" if stat.st_size == 0 else "compressed stream yields no data (truncated or damaged)"
                 if stat.st_size:
@@ -225,7 +236,7 @@ class Ingestor:
             raise UnknownFormatError("not a llama-server log or replay record this version knows", path=str(path),
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "
                                           "records, or --keep-going to load the other files")
-        fmt = get_format(fmt_name)
+        fmt = dataclasses.replace(self.forced or grammar(), name=fmt_name)  # every format's kinds, named as detected
         start_offset, start_line, status = 0, 0, "ingested"
         state_in = None
         dropped: dict[str, list[str]] = {}
@@ -255,11 +266,12 @@ class Ingestor:
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
                     total_bytes, done_bytes, dropped)
 
-    def _records_kind(self, path: Path) -> str | None:
-        """The replay-record kind of a file that is not a log (with --mapping: every such file)."""
+    @staticmethod
+    def _canonical_records(path: Path) -> str | None:
+        """``manifest`` or ``attempts`` when the file holds the canonical replay records, else None."""
         from forensics import replay
 
-        return "mapped" if self.mapping is not None else replay.detect(path)
+        return replay.detect(path)
 
     def _queue_records(self, path: Path, kind: str, run: str) -> None:
         """Replay records are loaded together once every file was seen (see ``_ingest_records``)."""
@@ -349,9 +361,10 @@ class Ingestor:
         def assemble_events(ev: pl.DataFrame, last: Any) -> None:
             nonlocal n_requests
             ev = assemble.assign_instances(ev, fmt, astate)
+            ev = assemble.running_tasks(ev, fmt, astate)
             ev = assemble.inherit_slots(ev, fmt, astate)
-            part, http = assemble.partial_requests(ev)
-            inst_rows.append(self._instance_facts(ev))
+            part, http = assemble.partial_requests(ev, fmt)
+            inst_rows.append(self._instance_facts(ev, fmt))
             if len(inst_rows) > 4:  # keep one aggregated frame, not one per batch
                 inst_rows[:] = [collapse_facts(inst_rows)]
             final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
@@ -466,17 +479,18 @@ class Ingestor:
     def _label(self, path: Path, run: str) -> str:
         return strip_exts(path.name)
 
-    def _instance_facts(self, ev: pl.DataFrame) -> pl.DataFrame:
+    def _instance_facts(self, ev: pl.DataFrame, fmt: Format) -> pl.DataFrame:
         cols = {"build": pl.Int64, "commit": pl.String, "model": pl.String, "n_ctx": pl.Int64, "n_slots": pl.Int64,
                 "n_ctx_slot": pl.Int64, "n_ctx_train": pl.Int64, "host": pl.String, "port": pl.Int64,
                 "n_seq_max": pl.Int64, "slot": pl.Int64, "elapsed_s": pl.Float64,
-                "abs_time": pl.Datetime("us", "UTC")}
+                "abs_time": pl.Datetime("us", "UTC"), "error": pl.String}
         if ev.height == 0:
             return pl.DataFrame()
         ev = ev.with_columns([(pl.col(c) if c in ev.columns else pl.lit(None, dtype=t)).cast(t).alias(c)
                               for c, t in cols.items()])
         not_router_listen = ~pl.col("kind").is_in(["router_spawn", "router_proxy"])
-        listen_kinds = [k for k in kind_dtype().categories if "listening" in k]
+        listen_kinds = list(fmt.with_role("listen"))
+        crash = pl.col("kind").is_in(list(fmt.with_role("crash")))
         keys = ["ikey", "instance_no"]
         # cheap aggregations over every line; the fact columns only over the few lines that carry one
         light = ev.group_by(keys).agg(
@@ -487,6 +501,9 @@ class Ingestor:
             pl.col("abs_time").min().alias("abs_first"),
             pl.col("abs_time").count().alias("n_abs"),
             pl.col("elapsed_s").count().alias("n_elapsed"),
+            crash.any().alias("crashed"),
+            pl.col("line_no").filter(crash).min().alias("crash_line"),
+            pl.col("error").filter(crash).drop_nulls().first().alias("crash"),
         )
         fact_cols = ["build", "commit", "model", "n_ctx", "n_slots", "n_ctx_slot", "n_ctx_train", "host", "port",
                      "n_seq_max"]
@@ -497,8 +514,7 @@ class Ingestor:
             .alias("model_path"),
             pl.col("model").filter(not_router_listen).drop_nulls().first().alias("model_any"),
             pl.col("n_ctx").drop_nulls().first(), pl.col("n_slots").drop_nulls().first(),
-            pl.col("n_ctx_slot").filter(pl.col("kind").is_in(["init_slots", "slot_new", "new_prompt", "rec_new_slot",
-                                                              "era2_slot_table"])).drop_nulls().first(),
+            pl.col("n_ctx_slot").drop_nulls().first(),
             pl.col("n_ctx_train").drop_nulls().first(),
             pl.col("host").filter(pl.col("kind").is_in(listen_kinds)).drop_nulls().first(),
             pl.col("port").filter(pl.col("kind").is_in(listen_kinds)).drop_nulls().first(),
@@ -591,13 +607,18 @@ class Ingestor:
 
 def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """Merge per-chunk instance facts into one row per (router key, instance number)."""
-    df = pl.concat([f for f in frames if f.height], how="diagonal_relaxed")
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame()
+    df = pl.concat(frames, how="diagonal_relaxed")
     agg = []
     for c in df.columns:
         if c in ("ikey", "instance_no"):
             continue
-        if c == "line_first":
+        if c in ("line_first", "crash_line"):
             agg.append(pl.col(c).min())
+        elif c == "crashed":
+            agg.append(pl.col(c).any())
         elif c in ("line_last", "max_slot", "slots_seen"):
             agg.append(pl.col(c).max())
         elif c in ("n_abs", "n_elapsed"):
@@ -651,6 +672,8 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
                 if isinstance(exc, InternalError):
                     exc.line = exc.line or ing.at_line
                     ing.result.bugs += 1
+                    if os.environ.get("FORENSICS_DEBUG"):  # --debug: the traceback of each file's bug
+                        traceback.print_exception(exc.__cause__ or exc)
                 # the other files still load: undo this file's partial work and go on
                 ing.txn.rollback_to(point)
                 if meta_before is None:

@@ -62,6 +62,10 @@ INSTANCES = [
     Column("line_first", I64, "first line of the instance in the file"),
     Column("line_last", I64, "last line of the instance in the file"),
     Column("requests", I64, "requests the instance served"),
+    Column("crashed", BOOL, "the process died: a failed assert, an abort, an uncaught exception, a signal, a GPU "
+           "out-of-memory (its lines are events of role crash)"),
+    Column("crash", STR, "what the crash said (the first crash line's message)"),
+    Column("crash_line", I64, "first line of the crash"),
 ]
 
 EVENTS_BASE = [

@@ -16,13 +16,20 @@ import polars as pl
 
 from parsers.spec import Format
 
-# Kinds whose fields feed a request, by role.  Kind names are the contract with the format files.
-START_KINDS = ("slot_start", "era2_start", "rec_start")
-RELEASE_KINDS = ("release", "era2_release", "rec_release")
-HTTP_KINDS = ("http_request", "rec_http_request")
-# Lines that open a request of their own with no slot or task logged (era 1 `llama_print_timings` block:
-# one context, one request per block): slot 0, task = the line number (a join key only).
-SYNTH_TASK_KINDS = ("era1_timing_load",)
+
+@dataclass(frozen=True)
+class Roles:
+    """The kinds of a format by the role their lines play for a request (``role`` in the format files)."""
+
+    fmt: Format
+
+    def __call__(self, *roles: str) -> tuple[str, ...]:
+        return self.fmt.with_role(*roles)
+
+
+# Lines that open a request of their own with no slot or task logged (role synth_start: era 1's
+# `llama_print_timings` block, one context, one request per block): slot 0, task = the line number (a join
+# key only).
 
 @dataclass
 class KeyState:
@@ -31,6 +38,7 @@ class KeyState:
     prev_elapsed: float | None = None
     slot_task: dict[str, int] = field(default_factory=dict)  # latest started task per slot (era 2 lines)
     hdr: dict[str, list[int]] = field(default_factory=dict)  # latest [slot, task] per inherit header kind
+    running: dict[str, int] = field(default_factory=dict)  # latest task seen on each slot ("instance/slot")
 
 
 @dataclass
@@ -67,7 +75,8 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
             prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
             prev_e[1:] = e[:-1]
             prev_e = pd_ffill(prev_e)
-            brk |= np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0
+            # a new process's clock starts again near zero (a log whose lines are out of order is not a restart)
+            brk |= (np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0) & (np.nan_to_num(e, nan=np.inf) < 120)
             valid = e[~np.isnan(e)]
             if len(valid):
                 st.prev_elapsed = float(valid[-1])
@@ -91,6 +100,30 @@ def pd_ffill(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def running_tasks(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
+    """Give a timing header that names no task (``task -1``, ik_llama.cpp) the task running on its slot: the
+    task of the latest line on that slot that names one (this chunk's, else the one carried from before)."""
+    if ev.height == 0 or "slot" not in ev.columns or "task" not in ev.columns:
+        return ev
+    keys = ["ikey", "instance_no", "slot"]
+    named = pl.when(pl.col("task") >= 0).then(pl.col("task"))
+    hdr = pl.col("kind").is_in(list(fmt.with_role("timing_header"))) & (pl.col("task") < 0)
+    carried = pl.DataFrame(
+        [{"ikey": k, "instance_no": int(key.split("/")[0]), "slot": int(key.split("/")[1]), "_carried": t}
+         for k, st in state.keys.items() for key, t in st.running.items()],
+        schema={"ikey": pl.Int64, "instance_no": pl.Int64, "slot": pl.Int64, "_carried": pl.Int64})
+    out = ev
+    if ev.select(hdr.any()).item():
+        out = (ev.with_row_index("_i").join(carried, on=keys, how="left")
+               .with_columns(pl.coalesce(named.forward_fill().over(keys, order_by="_i"), "_carried").alias("_run"))
+               .sort("_i").with_columns(pl.when(hdr).then(pl.col("_run")).otherwise(pl.col("task")).alias("task"))
+               .drop("_i", "_carried", "_run"))
+    last = ev.filter((pl.col("task") >= 0) & pl.col("slot").is_not_null()).group_by(keys).agg(pl.col("task").last())
+    for k, inst, slot, task in last.iter_rows():
+        state.keys.setdefault(int(k), KeyState()).running[f"{inst}/{slot}"] = int(task)
+    return out
+
+
 def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
     """Fill slot/task on lines that do not carry them.
 
@@ -100,7 +133,7 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     * ``inherit_next = X``: a line without a slot takes slot and task from the next line of kind X
       (era-2 ``print_timings``, which precede their ``slot N released``).  Only within one chunk: a
       timing block whose release line falls in the next chunk keeps no slot (chunks are 32 MiB).
-    * ``SYNTH_TASK_KINDS`` lines get slot 0 and their line number as task (era 1).
+    * ``synth_start`` lines get slot 0 and their line number as task (era 1).
     """
     inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
     next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
@@ -110,7 +143,8 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("slot"))
     if "task" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
-    takers_all = [*inheritors, *next_inh, *SYNTH_TASK_KINDS]
+    synth_kinds = list(fmt.with_role("synth_start"))
+    takers_all = [*inheritors, *next_inh, *synth_kinds]
     missing = ev["kind"].is_in(takers_all) & (ev["slot"].is_null() | ev["task"].is_null())
     headers = {*inheritors.values(), *next_inh.values()}
     if not missing.any() and not ev["kind"].is_in(list(headers)).any():
@@ -119,7 +153,7 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
     task = ev["task"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
     line = ev["line_no"].to_numpy()
-    synth = np.isin(kinds, list(SYNTH_TASK_KINDS)) & np.isnan(slot)
+    synth = np.isin(kinds, synth_kinds) & np.isnan(slot)
     slot[synth] = 0
     task[synth] = line[synth]
     keys = ev["ikey"].to_numpy()
@@ -139,9 +173,9 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
                     if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
                         st.slot_task[str(int(slot[j]))] = int(task[j])
                     elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
-                        t = st.slot_task.get(str(int(slot[j])))
-                        if t is not None:
-                            task[j] = t
+                        # a slot whose start line the log does not have (cut above): its line number is the
+                        # task, a join key only (as in era 1)
+                        task[j] = st.slot_task.setdefault(str(int(slot[j])), int(line[j]))
             elif full_hdr.any():  # nothing to fill here, but a later chunk's lines may need these slots' tasks
                 hs, ht = slot[idx][full_hdr][::-1], task[idx][full_hdr][::-1]
                 _, first = np.unique(hs, return_index=True)  # first in reverse: each slot's latest header
@@ -215,7 +249,7 @@ def _first(kind: str | tuple[str, ...], col: str) -> pl.Expr:
     return pl.col(col).filter(pl.col("kind").is_in(kinds)).drop_nulls().first()
 
 
-def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Aggregate one chunk's events into partial request rows, and pick out its HTTP lines."""
     if ev.height == 0:
         return pl.DataFrame(), pl.DataFrame()
@@ -224,11 +258,12 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
             "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
             "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-            "n_ctx_train": pl.Int64}
+            "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64}
     ev = ev.with_columns([_col(ev, k, t).cast(t) for k, t in need.items()])
-    http = ev.filter(pl.col("kind").is_in(HTTP_KINDS)).select(
+    role = Roles(fmt)
+    http = ev.filter(pl.col("kind").is_in(role("http"))).select(
         "ikey", "instance_no", "line_no", "method", "http_path", "status", "elapsed_s", "abs_time")
-    req = ev.filter(pl.col("task").is_not_null() & (pl.col("task") >= 0) & ~pl.col("kind").is_in(HTTP_KINDS))
+    req = ev.filter(pl.col("task").is_not_null() & (pl.col("task") >= 0) & ~pl.col("kind").is_in(role("http")))
     if req.height == 0:
         return pl.DataFrame(), http
     # Task-only lines (errors, cancels) have no slot yet: key them by task, slot filled at the end.
@@ -240,28 +275,31 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         return pl.when(k.is_in(kinds)).then(pl.col(col))
 
     req = req.with_columns(
-        only(START_KINDS, "line_no").alias("_start"),
-        only((*RELEASE_KINDS, "timing_total", "rec_timing_total"), "line_no").alias("_close"),
-        only(("new_prompt", "prompt_tokenized", "rec_new_prompt", "send_error"), "prompt_tokens").alias("_pt"),
-        only(("init_sampler",), "prompt_tokens").alias("_pt_alt"),
-        only(("kv_trim", "rec_kv_trim"), "p0").alias("_p0"),
-        only(("new_prompt", "prompt_tokenized", "input_truncated", "rec_new_prompt"), "n_ctx_slot").alias("_nctx"),
-        only(("input_truncated",), "truncated_prompt_tokens").alias("_tpt"),
-        only(("era2_cache",), "cached_tokens").alias("_cached"),
-        only(("timing_prompt", "rec_timing_prompt"), "ms").alias("_pms"),
-        only(("timing_prompt", "rec_timing_prompt"), "tokens").alias("_ptok"),
-        only(("timing_eval", "rec_timing_eval"), "ms").alias("_gms"),
-        only(("timing_eval", "rec_timing_eval"), "tokens").alias("_gtok"),
-        only(("timing_total", "rec_timing_total"), "ms").alias("_tms"),
-        only(RELEASE_KINDS, "n_past").alias("_npast"),
-        only(RELEASE_KINDS, "truncated").cast(pl.Int8).alias("_trunc"),
-        only(("send_error", "slot_exception", "rec_task_error"), "error").alias("_err"),
-        only(("tg_progress", "stopped_limit"), "gen_tokens").alias("_gprog"),
-        k.is_in(("context_shift", "rec_context_shift", "era2_context_shift")).alias("_shift"),
-        k.is_in(("cancel",)).alias("_cancel"),
-        k.is_in(("n_ctx_train_cap", "rec_n_ctx_train_cap")).alias("_cap"),
-        k.is_in(RELEASE_KINDS).alias("_rel"),
-        k.is_in(("timing_total", "rec_timing_total", "timing_eval")).alias("_tim"),
+        only(role("start"), "line_no").alias("_start"),
+        # era 1 runs one request at a time: its HTTP line may sit inside its timing block
+        only(role("release", "timing_total", "synth_start"), "line_no").alias("_close"),
+        only(role("prompt", "error", "ctx_train_cap"), "prompt_tokens").alias("_pt"),
+        only(role("prompt_alt"), "prompt_tokens").alias("_pt_alt"),
+        only(role("kv_trim"), "p0").alias("_p0"),
+        pl.col("n_ctx_slot").alias("_nctx"),  # every line that states it states the slot's context
+        only(role("truncate"), "truncated_prompt_tokens").alias("_tpt"),
+        only(role("cache"), "cached_tokens").alias("_cached"),
+        only(role("timing_prompt"), "ms").alias("_pms"),
+        only(role("timing_prompt"), "tokens").alias("_ptok"),
+        pl.col("prompt_eval_tokens").alias("_peval"),
+        only(role("timing_eval"), "ms").alias("_gms"),
+        only(role("timing_eval"), "tokens").alias("_gtok"),
+        only(role("timing_total"), "ms").alias("_tms"),
+        only(role("release"), "n_past").alias("_npast"),
+        only(role("release"), "truncated").cast(pl.Int8).alias("_trunc"),
+        only(role("error"), "error").alias("_err"),
+        only(role("progress", "stop", "ctx_train_cap"), "gen_tokens").alias("_gprog"),
+        k.is_in(role("context_shift")).alias("_shift"),
+        k.is_in(role("cancel")).alias("_cancel"),
+        k.is_in(role("ctx_train_cap")).alias("_cap"),
+        k.is_in(role("release")).alias("_rel"),
+        k.is_in(role("timing_total")).alias("_tim"),  # the last line of a timing block
+        k.is_in(role("synth_start")).alias("_synth"),
     )
     part = req.group_by(["ikey", "instance_no", "slot", "task"]).agg(
         pl.col("line_no").min().alias("line_first"),
@@ -279,7 +317,7 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         pl.col("_tpt").max().alias("truncated_prompt_tokens"),
         pl.col("_cached").max().alias("cached_explicit"),
         pl.col("_pms").max().alias("prompt_ms"),
-        pl.col("_ptok").max().alias("prompt_eval_tokens"),
+        pl.coalesce(pl.col("_ptok").max(), pl.col("_peval").max()).alias("prompt_eval_tokens"),
         pl.col("_gms").max().alias("gen_ms"),
         pl.col("_gtok").max().alias("gen_tokens"),
         pl.col("_tms").max().alias("total_ms"),
@@ -294,6 +332,7 @@ def partial_requests(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         pl.col("_gprog").max().alias("gen_progress"),
         pl.col("_rel").any().alias("has_release"),
         pl.col("_tim").any().alias("has_timings"),
+        pl.col("_synth").any().alias("synthetic"),
     )
     return part, http
 
@@ -315,7 +354,7 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
             aggs.append(pl.col(c).min())
         elif c in {"line_last", "elapsed_end_s", "t_end", "gen_progress"}:
             aggs.append(pl.col(c).max())
-        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings"}:
+        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings", "synthetic"}:
             aggs.append(pl.col(c).any())
         else:
             aggs.append(pl.col(c).drop_nulls().first())
@@ -398,6 +437,7 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
             "p0",
         ).alias("cached_tokens"),
         pl.when(pl.col("gen_ms") > 0).then(pl.col("gen_tokens") / pl.col("gen_ms") * 1000.0).alias("gen_tok_per_s"),
+        # a request's end is logged by its release line or its timings (printed once it finished), or an error
         (pl.col("has_release") | pl.col("has_timings") | pl.col("error").is_not_null()).alias("complete"),
     )
     at_ctx = (pl.col("n_ctx_slot").is_not_null() & pl.col("n_past_end").is_not_null()
@@ -408,7 +448,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("stop_type").str.to_lowercase() == "eos").then(pl.lit("eos"))
         .when(pl.col("stop_type").str.to_lowercase().is_in(["limit", "time limit", "indentation limit"])).then(pl.lit("limit"))
         .when(pl.col("stop_type").str.to_lowercase() == "word").then(pl.lit("word"))
+        .when(pl.col("stop_type").str.to_lowercase() == "context").then(pl.lit("context"))
         .when(pl.col("ctx_train_cap")).then(pl.lit("limit"))
+        # the log does not show how a request ended that it does not show the end of
+        .when(~pl.col("complete")).then(pl.lit("unknown"))
         # truncated = 1 also marks a prompt cut by `input truncated` (era 4): that is not generation reaching
         # the context, so it only counts with a context shift or a full slot
         .when((pl.col("truncated").fill_null(False) & pl.col("truncated_prompt_tokens").is_null())
@@ -417,7 +460,7 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("n_predict").is_not_null() & (pl.col("n_predict") > 0) & (pl.col("gen_tokens") >= pl.col("n_predict")))
         .then(pl.lit("limit"))
         .when(pl.col("http_status").fill_null(200) >= 400).then(pl.lit("error"))
-        .when(pl.col("has_timings") | pl.col("has_release")).then(pl.lit("eos"))
+        .when(pl.col("complete")).then(pl.lit("eos"))
         .otherwise(pl.lit("unknown"))
     )
     # era 2 releases carry no truncated flag: a context shift is the only sign
@@ -542,7 +585,8 @@ class RequestBuilder:
             found = loose.filter(pl.col("slot_found").is_not_null()).with_columns(
                 pl.col("slot_found").alias("slot")).drop("slot_found")
             loose = loose.filter(pl.col("slot_found").is_null()).drop("slot_found")
-            slotted = merge_partials([slotted, found])
+            merged = merge_partials([slotted, found])
+            slotted = merged if merged.width else slotted.head(0)
         # final: a later task started on the same slot, or a later instance on the same key (or the end)
         began = pl.coalesce("start_line", "line_first")
         latest = slotted.group_by("ikey", "instance_no", "slot").agg(began.max().alias("_latest"))

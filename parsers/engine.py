@@ -1,7 +1,10 @@
-"""The vectorised line engine: strip wrappers and prefixes, classify lines by kind, type the fields.
+"""The vectorised line engine: strip wrappers, frame records, classify lines by kind, type the fields.
 
 Everything here works on whole chunks (polars string columns): a literal prefilter per kind narrows the
 rows, then the kind's regex extracts its named groups on that subset only.  No Python loop runs per line.
+A line goes through three steps: its wrappers are removed (wrappers.toml), it is framed as a JSON or
+key=value record or as text with an optional elapsed/level prefix (frames.toml), and the first kind
+whose regex matches its body (text) or message (record) claims it (the format files).
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from functools import cache
 import numpy as np
 import polars as pl
 
-from parsers.spec import FORMATS_DIR, Format, _read_toml, load_fields, load_formats
+from parsers.spec import FORMATS_DIR, Format, Kind, _read_toml, load_fields, load_formats
 
 DTYPES = {"int": pl.Int64, "float": pl.Float64, "str": pl.String, "bool": pl.Boolean}
 BLANK = "blank"
 CONTINUATION = "continuation"
+_STR = r'"(?:[^"\\]|\\.)*"'
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Wrapper:
     regex: str
     time: str | None
     samples: tuple[str, ...]
+    times: int = 1  # how often it may apply to one line (stacked timestamps)
 
 
 @dataclass(frozen=True)
@@ -42,16 +47,36 @@ class JsonWrapper:
 
 @dataclass(frozen=True)
 class Wrappers:
-    strip: dict[str, str]
+    strip: dict[str, tuple[str, str]]  # name -> (regex, replacement)
     prefixes: tuple[Wrapper, ...]
     json: tuple[JsonWrapper, ...]
+
+
+@dataclass(frozen=True)
+class KvFrame:
+    name: str
+    prefilter: str
+    regex: str
+    time: str | None
+    time_key: str | None
+    samples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Frames:
+    json_message: tuple[str, ...]
+    json_level: tuple[str, ...]
+    json_time: tuple[str, ...]
+    kv: tuple[KvFrame, ...]
+    text_prefix: str
 
 
 @cache
 def load_wrappers() -> Wrappers:
     data = _read_toml(FORMATS_DIR / "wrappers.toml")
     prefixes = tuple(
-        Wrapper(w["name"], w["regex"], w.get("time"), tuple(w.get("samples", ()))) for w in data.get("wrapper", [])
+        Wrapper(w["name"], w["regex"], w.get("time"), tuple(w.get("samples", ())), int(w.get("times", 1)))
+        for w in data.get("wrapper", [])
     )
     for w in prefixes:
         re.compile(w.regex)
@@ -60,7 +85,21 @@ def load_wrappers() -> Wrappers:
                     tuple(j.get("level", ())), tuple(j.get("samples", ())))
         for j in data.get("json_wrapper", [])
     )
-    return Wrappers(dict(data.get("strip", {})), prefixes, jw)
+    strip = {name: (v, "") if isinstance(v, str) else (v["regex"], v.get("replace", ""))
+             for name, v in data.get("strip", {}).items()}
+    return Wrappers(strip, prefixes, jw)
+
+
+@cache
+def load_frames() -> Frames:
+    data = _read_toml(FORMATS_DIR / "frames.toml")
+    js = data.get("json", {})
+    kv = tuple(KvFrame(k["name"], k.get("prefilter", ""), k["regex"], k.get("time"), k.get("time_key"),
+                       tuple(k.get("samples", ()))) for k in data.get("kv", []))
+    for k in kv:
+        re.compile(k.regex)
+    return Frames(tuple(js.get("message", ["msg"])), tuple(js.get("level", ())), tuple(js.get("time", ())), kv,
+                  data.get("text", {}).get("prefix", ""))
 
 
 @cache
@@ -89,6 +128,18 @@ class ChunkResult:
     kind_counts: np.ndarray | None = None  # lines recognised per kind (by index)
 
 
+@dataclass
+class Framed:
+    """A chunk's lines after unwrapping and framing."""
+
+    body: pl.Series  # what kinds match: the record's message, or the text after its prefix
+    record: np.ndarray  # True where the line is a JSON or key=value record
+    tail: pl.Series  # a record's keys (the JSON object, or the key=value tail); null for text
+    cols: dict[str, pl.Series]  # per-line columns the frame carries (level, elapsed, epoch, abs_raw, ...)
+    blank: np.ndarray
+    indented: np.ndarray  # the line began with white space: an unknown indented line continues the one before
+
+
 def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Series]:
     """Match ``regex`` (anchored at ^) at the start of each value; return its groups and the remainder."""
     body = regex[1:] if regex.startswith("^") else regex
@@ -99,21 +150,23 @@ def _prefix_extract(text: pl.Series, regex: str) -> tuple[pl.DataFrame, pl.Serie
     return df.drop("__all"), rest
 
 
-def _json_alternatives(raw: pl.Series, paths: str) -> pl.Series:
-    """Value at the first of ``a|b|...`` JSON paths present (era 3 spells keys two ways: slot_id/id_slot)."""
-    out = pl.Series([None] * len(raw), dtype=pl.String)
-    for path in paths.split("|"):
-        out = out.fill_null(raw.str.json_path_match(path.strip()))
-    return out
-
-
-def _kv_alternatives(tail: pl.Series, keys: str) -> pl.Series:
-    """Value of the first of ``a|b|...`` keys present in a ``key=value`` tail (quotes removed)."""
+def key_values(tail: pl.Series, keys: str) -> pl.Series:
+    """The value of the first of ``a|b|...`` keys in a record's keys, as text (quotes removed): a JSON object
+    (``"key": value``, any order, cut short or not) or a key=value tail (``key=value``)."""
     out = pl.Series([None] * len(tail), dtype=pl.String)
     for key in keys.split("|"):
-        val = tail.str.extract(rf"(?:^| ){re.escape(key.strip())}=(\"(?:[^\"\\]|\\.)*\"|\S+)", 1)
-        out = out.fill_null(val.str.strip_prefix('"').str.strip_suffix('"'))
-    return out
+        k = re.escape(key.strip())
+        val = tail.str.extract(rf'(?:"{k}"\s*:\s*|(?:^|[\s,{{]){k}=)({_STR}|\{{[^}}]*\}}|[^,}}\s]+)', 1)
+        out = out.fill_null(val)
+    return unquote(out)
+
+
+def unquote(s: pl.Series) -> pl.Series:
+    """A JSON string value without its quotes and with the common escapes undone (bare values unchanged)."""
+    quoted = s.str.starts_with('"') & s.str.ends_with('"') & (s.str.len_chars() >= 2)
+    inner = s.str.slice(1, s.str.len_chars() - 2)
+    inner = inner.str.replace_all(r'\\"', '"').str.replace_all(r"\\n", "\n").str.replace_all(r"\\\\", "\\")
+    return pl.select(pl.when(quoted).then(inner).otherwise(s)).to_series()
 
 
 def elapsed_seconds(s: pl.Series) -> pl.Series:
@@ -125,83 +178,187 @@ def elapsed_seconds(s: pl.Series) -> pl.Series:
     return ((v // 100_000_000) * 60 + (v % 100_000_000) / 1e6).alias("elapsed_s")
 
 
+def _when(mask: pl.Series | np.ndarray, then: pl.Series, otherwise: pl.Series | None = None) -> pl.Series:
+    m = mask if isinstance(mask, pl.Series) else pl.Series(mask)
+    expr = pl.when(m).then(then)
+    return pl.select(expr.otherwise(otherwise) if otherwise is not None else expr).to_series()
+
+
+class Unwrapper:
+    """Removes wrappers (wrappers.toml) and keeps what they carry."""
+
+    def __init__(self, wrappers: Wrappers) -> None:
+        self.wrappers = wrappers
+        heads = [w.regex.removeprefix("^") for w in wrappers.prefixes]
+        heads += [j.detect.removeprefix("^") for j in wrappers.json]
+        heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
+        self.any_wrapper = "^(?:" + "|".join(f"(?:{h})" for h in heads) + ")"
+        self.strip_any = "|".join(f"(?:{p})" for p, _ in wrappers.strip.values())
+
+    def __call__(self, raw: pl.Series) -> tuple[pl.Series, dict[str, pl.Series], set[str]]:
+        text, seen = self._strip(raw)
+        cols: dict[str, pl.Series] = {}
+        # One scan tells whether any wrapper starts any line; most logs have none.
+        if not text.str.contains(self.any_wrapper).any():
+            return text, cols, seen
+        for _ in range(4):  # wrappers nest: apply the list again while any applies (each at most `times`)
+            applied = False
+            for w in self.wrappers.prefixes:
+                if w.times <= sum(1 for s in seen if s == w.name) or not text.str.contains(w.regex).any():
+                    continue
+                text = self._apply(text, w, cols)
+                seen.add(w.name)
+                applied = True
+            text, json_applied = self._json(text, cols, seen)
+            if not (applied or json_applied):
+                break
+        return text, cols, seen
+
+    def _strip(self, raw: pl.Series) -> tuple[pl.Series, set[str]]:
+        seen: set[str] = set()
+        if not self.strip_any or not raw.str.contains(self.strip_any).any():
+            return raw, seen
+        text = raw
+        for name, (pattern, replace) in self.wrappers.strip.items():
+            if text.str.contains(pattern).any():
+                text = text.str.replace_all(pattern, replace)
+                seen.add(name)
+        return text, seen
+
+    @staticmethod
+    def _apply(text: pl.Series, w: Wrapper, cols: dict[str, pl.Series]) -> pl.Series:
+        groups, rest = _prefix_extract(text, w.regex)
+        if "inner" in groups.columns:
+            rest = _when(groups["inner"].is_not_null(), unquote('"' + groups["inner"] + '"'), rest)
+            groups = groups.drop("inner")
+        for g in groups.columns:
+            col = groups[g]
+            if g == "abs_ts":
+                col = _when(col.is_not_null(), pl.lit(w.time) + pl.lit("|") + col)
+                g = "abs_raw"
+            # an inner wrapper's value is closer to the line than an outer one's: it wins
+            cols[g] = col.fill_null(cols[g]) if g in cols else col
+        return rest
+
+    def _json(self, text: pl.Series, cols: dict[str, pl.Series], seen: set[str]) -> tuple[pl.Series, bool]:
+        applied = False
+        for jw in self.wrappers.json:
+            cand = text.str.contains(jw.detect) & ~text.str.contains(jw.exclude)
+            if not cand.any():
+                continue
+            inner = _first_key(text, jw.text)
+            ok = cand & inner.is_not_null()
+            if not ok.any():
+                continue
+            seen.add(jw.name)
+            applied = True
+            cols["json_time"] = _when(ok, _first_key(text, jw.time))
+            cols["json_level"] = _when(ok, _first_key(text, jw.level))
+            text = _when(ok, inner.str.strip_suffix("\n").str.strip_suffix("\r"), text)
+        return text, applied
+
+
+def _first_key(text: pl.Series, keys: tuple[str, ...]) -> pl.Series:
+    out = pl.Series([None] * len(text), dtype=pl.String)
+    for key in keys:
+        out = out.fill_null(text.str.json_path_match(f"$.{key}"))
+    return out
+
+
+class Framer:
+    """Frames lines as JSON records, key=value records or text (frames.toml)."""
+
+    def __init__(self, frames: Frames) -> None:
+        self.frames = frames
+        keys = "|".join(re.escape(k) for k in frames.json_message)
+        self.json_msg_key = rf'"(?:{keys})"\s*:'
+        self.json_msg = rf'"(?:{keys})"\s*:\s*({_STR})'
+
+    def __call__(self, text: pl.Series) -> Framed:
+        n = len(text)
+        indented = text.str.contains(r"^[ \t]").fill_null(False).to_numpy()
+        text = text.str.strip_chars()  # indentation, and trailing spaces a log store stripped or kept
+        record = np.zeros(n, dtype=bool)
+        body, tail = text, pl.Series([None] * n, dtype=pl.String)
+        cols: dict[str, pl.Series] = {}
+        is_json = (text.str.starts_with("{") & text.str.contains(self.json_msg_key)).to_numpy()
+        if is_json.any():
+            body, tail = self._json(text, is_json, body, tail, cols)
+            record |= is_json
+        for kv in self.frames.kv:
+            body, tail, hit = self._kv(kv, text, record, body, tail, cols)
+            record |= hit
+        if self.frames.text_prefix:
+            groups, rest = _prefix_extract(text, self.frames.text_prefix)
+            if groups["elapsed"].is_not_null().any() or groups["level"].is_not_null().any():
+                body = _when(record, body, rest)
+                cols["level"] = _when(record, cols["level"], groups["level"]) if "level" in cols else \
+                    _when(~record, groups["level"])
+                cols["elapsed"] = _when(~record, groups["elapsed"])
+        blank = (body.fill_null("").str.strip_chars().str.len_bytes() == 0).to_numpy() & ~record
+        return Framed(body.fill_null(""), record, tail, cols, blank, indented)
+
+    def _json(self, text: pl.Series, is_json: np.ndarray, body: pl.Series, tail: pl.Series,
+              cols: dict[str, pl.Series]) -> tuple[pl.Series, pl.Series]:
+        mask = pl.Series(is_json)
+        msg = unquote(text.str.extract(self.json_msg, 1)).fill_null("")
+        cols["level"] = _when(mask, _json_first(text, self.frames.json_level))
+        cols["epoch"] = _when(mask, _json_first(text, self.frames.json_time))
+        return _when(mask, msg, body), _when(mask, text, tail)
+
+    def _kv(self, kv: KvFrame, text: pl.Series, record: np.ndarray, body: pl.Series, tail: pl.Series,
+            cols: dict[str, pl.Series]) -> tuple[pl.Series, pl.Series, np.ndarray]:
+        cand = ~record
+        if kv.prefilter:
+            cand &= text.str.contains(kv.prefilter, literal=True).to_numpy()
+        if not cand.any():
+            return body, tail, np.zeros(len(text), dtype=bool)
+        groups = text.str.extract_groups(kv.regex).struct.unnest()
+        hit = (groups["msg"].is_not_null().to_numpy() & cand)
+        if not hit.any():
+            return body, tail, hit
+        mask = pl.Series(hit)
+        t = groups["tail"].fill_null("") if "tail" in groups.columns else pl.Series([""] * len(text))
+        cols["level"] = _when(mask, groups["level"], cols.get("level"))
+        if kv.time_key:
+            cols["epoch"] = _when(mask, key_values(t, kv.time_key), cols.get("epoch"))
+        if kv.time and "abs_ts" in groups.columns:
+            cols["frame_time"] = _when(mask, pl.lit(kv.time) + "|" + groups["abs_ts"], cols.get("frame_time"))
+        return _when(mask, unquote(groups["msg"]), body), _when(mask, t, tail), hit
+
+
+def _json_first(text: pl.Series, keys: tuple[str, ...]) -> pl.Series:
+    out = pl.Series([None] * len(text), dtype=pl.String)
+    for key in keys:
+        out = out.fill_null(key_values(text, key))
+    return out
+
+
 class Engine:
-    """Classifies the lines of one format."""
+    """Classifies the lines of a chunk with the kinds of one format (or of every format)."""
 
     def __init__(self, fmt: Format, wrappers: Wrappers | None = None) -> None:
         self.fmt = fmt
         self.wrappers = wrappers or load_wrappers()
+        self.unwrap = Unwrapper(self.wrappers)
+        self.framer = Framer(load_frames())
         self.fields = load_fields()
         self.kinds = fmt.kinds
         self.kind_index = {k.name: i for i, k in enumerate(self.kinds)}
         # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
         self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
-        # Kinds are tried in file order, each on the rows no earlier kind claimed.  Non-fallback kinds match
-        # disjoint sets of lines (tests/test_formats.py checks it on every sample), so the ones no fallback
-        # precedes may be tried first without changing the result: the kinds frequent in an earlier chunk go
+        # Kinds are tried in order, each on the rows no earlier kind claimed.  Specific kinds (all before the
+        # catch-alls) match disjoint sets of lines (tests/test_formats.py checks it on every sample), so they
+        # may be tried in any order without changing the result: the kinds frequent in an earlier chunk go
         # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
-        first_fallback = next((i for i, k in enumerate(self.kinds) if k.fallback), len(self.kinds))
-        self._hoistable = [i < first_fallback for i in range(len(self.kinds))]
+        self._hoistable = [not k.fallback for k in self.kinds]
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
         fields_seen: dict[str, None] = {}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
         self._field_rank = {f: i for i, f in enumerate(fields_seen)}
-        heads = [w.regex.removeprefix("^") for w in self.wrappers.prefixes]
-        heads += [j.detect.removeprefix("^") for j in self.wrappers.json]
-        heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
-        self._any_wrapper = "^(?:" + "|".join(f"(?:{h})" for h in heads) + ")"
-
-    # ------------------------------------------------------------------ wrappers
-    def unwrap(self, raw: pl.Series) -> tuple[pl.Series, pl.DataFrame, set[str]]:
-        """Remove ANSI codes and wrappers; return the remaining text and the wrapper fields."""
-        text = raw
-        seen: set[str] = set()
-        n = len(text)
-        cols: dict[str, pl.Series] = {}
-        if text.str.contains("\x1b", literal=True).any():
-            for name, pattern in self.wrappers.strip.items():
-                text = text.str.replace_all(pattern, "")
-                seen.add(name)
-        # One scan tells whether any wrapper starts any line; most logs have none.  (Wrappers nest from the
-        # outside in, so when no line starts with any of them, no inner one can apply either.)
-        if not text.str.contains(self._any_wrapper).any():
-            return text, pl.DataFrame(), seen
-        for jw in self.wrappers.json:
-            cand = text.str.contains(jw.detect) & ~text.str.contains(jw.exclude)
-            if not cand.any():
-                continue
-            seen.add(jw.name)
-            inner = pl.Series([None] * n, dtype=pl.String)
-            for key in jw.text:
-                inner = inner.fill_null(text.str.json_path_match(f"$.{key}"))
-            tval = pl.Series([None] * n, dtype=pl.String)
-            for key in jw.time:
-                tval = tval.fill_null(text.str.json_path_match(f"$.{key}"))
-            lval = pl.Series([None] * n, dtype=pl.String)
-            for key in jw.level:
-                lval = lval.fill_null(text.str.json_path_match(f"$.{key}"))
-            ok = cand & inner.is_not_null()
-            text = pl.select(pl.when(ok).then(inner.str.strip_suffix("\n").str.strip_suffix("\r"))
-                             .otherwise(text)).to_series()
-            cols["json_time"] = pl.select(pl.when(ok).then(tval)).to_series()
-            cols["json_level"] = pl.select(pl.when(ok).then(lval)).to_series()
-        for w in self.wrappers.prefixes:
-            if not text.str.contains(w.regex).any():
-                continue
-            seen.add(w.name)
-            groups, rest = _prefix_extract(text, w.regex)
-            text = rest
-            for g in groups.columns:
-                col = groups[g]
-                if g == "abs_ts":
-                    col = pl.select(pl.when(col.is_not_null()).then(pl.lit(w.time) + pl.lit("|") + col)).to_series()
-                    g = "abs_raw"
-                if g in cols:
-                    cols[g] = cols[g].fill_null(col)
-                else:
-                    cols[g] = col
-        return text, pl.DataFrame({k: v.rename(k) for k, v in cols.items()}) if cols else pl.DataFrame(), seen
+        self._is_multi = np.array([k.multiline for k in self.kinds] + [False])
+        self._is_skip = np.array([k.skip for k in self.kinds] + [False])
 
     # ------------------------------------------------------------------ classification
     def learn(self, res: ChunkResult) -> None:
@@ -223,93 +380,110 @@ class Engine:
         n = len(raw)
         line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
         text, wcols, seen = self.unwrap(raw)
-        text = text.str.strip_prefix("\r")
-        blank = text.str.strip_chars().str.len_bytes() == 0
-        fmt = self.fmt
+        fr = self.framer(text)
+        kind_of, pieces = self._match(fr, order if order is not None else self.order)
+        joined = self._reflow(fr, kind_of, pieces)
+        cont, skipped, cont_parsed = self._continuations(kind_of, fr, joined, carry)
+        unparsed_mask = (kind_of < 0) & ~fr.blank & ~cont
+        counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
+        for ki, kind in enumerate(self.kinds):
+            if kind.skip and counts[ki]:
+                skipped[kind.name] += int(counts[ki])
+        recognised = np.flatnonzero(kind_of >= 0)
+        if len(recognised):
+            carry.last_kind = self.kinds[kind_of[recognised[-1]]].name
+        first_rec = int(recognised[0]) if len(recognised) else n
+        events = self._events(pieces, line_no, fr, wcols)
+        unp_idx = np.flatnonzero(unparsed_mask)
+        unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
+        parsed = int(counts[~self._is_skip[:-1]].sum()) + cont_parsed
+        assert parsed + sum(skipped.values()) + len(unp_idx) == n, (parsed, skipped, len(unp_idx), n)
+        return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
+                           wrappers_seen=seen, lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
+                           last_kind=carry.last_kind if len(recognised) else None)
 
-        # Per-format record framing: elapsed/level prefix (text), JSON records, or key=value records.
-        frame: dict[str, pl.Series] = {}
-        is_record = pl.Series([False] * n)
-        if fmt.family == "text":
-            groups, body = _prefix_extract(text, fmt.prefix) if fmt.prefix else (pl.DataFrame(), text)
-            for g in groups.columns:
-                frame[g] = groups[g]
-        elif fmt.family == "json":
-            body = text
-            is_record = text.str.starts_with("{") & text.str.contains(r'"(?:msg|message)"\s*:')
-            msg = text.str.json_path_match(f"$.{fmt.message or 'msg'}")
-            body = pl.select(pl.when(is_record).then(msg).otherwise(text)).to_series()
-            if fmt.level_field:
-                frame["level"] = pl.select(pl.when(is_record).then(text.str.json_path_match(f"$.{fmt.level_field}"))).to_series()
-            if fmt.time_field:
-                frame["epoch"] = pl.select(pl.when(is_record).then(text.str.json_path_match(f"$.{fmt.time_field}"))).to_series()
-        else:  # kv
-            rec = text.str.extract_groups(fmt.record or "").struct.unnest()
-            is_record = rec["msg"].is_not_null()
-            body = pl.select(pl.when(is_record).then(rec["msg"]).otherwise(text)).to_series()
-            for g in rec.columns:
-                if g not in {"msg", "tail"}:
-                    frame[g] = rec[g]
-            frame["__tail"] = rec["tail"] if "tail" in rec.columns else pl.Series([None] * n, dtype=pl.String)
-
-        if fmt.family == "text" and fmt.prefix:
-            # a prefix with nothing after it (`0.00.000.448 I `: an empty log record) is a blank line too
-            blank = blank | (body.str.strip_chars().str.len_bytes() == 0)
-        claimed = blank.to_numpy().copy()
+    def _match(self, fr: Framed, order: tuple[int, ...]) -> tuple[np.ndarray, list[pl.DataFrame]]:
+        """Try the kinds in ``order``, each on the lines no earlier kind claimed; return each line's kind index
+        (-1: none) and the typed fields of the claimed, non-skipped lines."""
+        n = len(fr.body)
+        claimed = fr.blank.copy()
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []
-        rec_np = is_record.to_numpy()
-        # Prefilters scan only the rows no kind has claimed yet; the remaining set is re-gathered when it
-        # has shrunk by half, so the frequent kinds (first in the file) leave little for the rest to scan.
+        # Prefilters scan only the rows no kind has claimed yet; the remaining set is re-gathered when it has
+        # shrunk by half, so the frequent kinds (tried first) leave little for the rest to scan.
         rem_idx = np.flatnonzero(~claimed)
-        rem_body = body.gather(rem_idx) if len(rem_idx) < n else body
-        for ki in order if order is not None else self.order:
-            kind = self.kinds[ki]
-            on_record = bool(kind.json_fields or kind.kv_fields) or kind.name.startswith("rec_")
+        rem_body = fr.body.gather(rem_idx) if len(rem_idx) < n else fr.body
+        for ki in order:
             live = ~claimed[rem_idx]
             if not live.any():
                 break
             if live.sum() * 2 < len(rem_idx):
                 rem_idx = rem_idx[live]
-                rem_body = body.gather(rem_idx)
+                rem_body = fr.body.gather(rem_idx)
                 live = np.ones(len(rem_idx), dtype=bool)
-            mask = live
-            if fmt.family != "text":
-                mask = mask & (rec_np[rem_idx] if on_record else ~rec_np[rem_idx])
+            kind = self.kinds[ki]
+            mask = live & (fr.record[rem_idx] if kind.frame == "record" else ~fr.record[rem_idx])
+            if kind.prefilter and mask.any():
+                mask &= rem_body.str.contains(kind.prefilter, literal=True).to_numpy()
             if not mask.any():
                 continue
-            if kind.prefilter:
-                mask = mask & rem_body.str.contains(kind.prefilter, literal=True).to_numpy()
-                if not mask.any():
-                    continue
             idx = rem_idx[mask]
             sub = rem_body.filter(pl.Series(mask))
             ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
             hit = ext["__k"].is_not_null().to_numpy()
+            if kind.exclude and hit.any():
+                hit &= ~sub.str.contains(kind.exclude).to_numpy()
             if not hit.any():
                 continue
             hit_idx = idx[hit]
             claimed[hit_idx] = True
             kind_of[hit_idx] = ki
-            if kind.skip:
-                continue
-            part = ext.filter(pl.Series(hit)).drop("__k")
-            part = part.with_columns(pl.Series("__row", hit_idx))
-            if kind.json_fields:
-                raw_sub = text.gather(hit_idx)
-                part = part.with_columns(
-                    [_json_alternatives(raw_sub, path).alias(f) for f, path in kind.json_fields if f not in part.columns]
-                )
-            if kind.kv_fields:
-                tail = frame["__tail"].gather(hit_idx)
-                part = part.with_columns(
-                    [_kv_alternatives(tail, key).alias(f) for f, key in kind.kv_fields if f not in part.columns]
-                )
-            part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"))
-            pieces.append(self._type(part))
+            if not kind.skip:
+                pieces.append(self._piece(kind, ext.filter(pl.Series(hit)).drop("__k"), hit_idx, fr))
+        return kind_of, pieces
 
-        # Continuations: unrecognised lines after a multiline record belong to it (integer kind codes).
-        unclaimed = ~claimed
+    def _piece(self, kind: Kind, part: pl.DataFrame, rows: np.ndarray, fr: Framed) -> pl.DataFrame:
+        part = part.with_columns(pl.Series("__row", rows))
+        if kind.keys:
+            tail = fr.tail.gather(rows)
+            part = part.with_columns([key_values(tail, key).alias(f) for f, key in kind.keys if f not in part.columns])
+        part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"))
+        return self._type(part)
+
+    def _reflow(self, fr: Framed, kind_of: np.ndarray, pieces: list[pl.DataFrame]) -> np.ndarray:
+        """Re-join lines that a paste or a terminal wrapped: a line only a catch-all (or nothing) took, followed by
+        an unknown line, is tried once more joined with it; when a specific kind matches the two, the first line
+        is that kind and the second its continuation.  Returns the mask of those second lines."""
+        n = len(kind_of)
+        joined = np.zeros(n, dtype=bool)
+        if n < 2:
+            return joined
+        weak = np.array([k.fallback for k in self.kinds] + [True])[kind_of]  # -1 (no kind) indexes the last
+        free = (kind_of < 0) & ~fr.blank & ~fr.record
+        cand = np.flatnonzero(weak[:-1] & ~fr.blank[:-1] & ~fr.record[:-1] & free[1:])
+        if not len(cand):
+            return joined
+        text = fr.body.gather(cand) + " " + fr.body.gather(cand + 1)
+        mini = Framed(text, np.zeros(len(cand), dtype=bool), pl.Series([None] * len(cand), dtype=pl.String), {},
+                      np.zeros(len(cand), dtype=bool), np.zeros(len(cand), dtype=bool))
+        k2, p2 = self._match(mini, tuple(i for i in self.order if not self.kinds[i].fallback))
+        hit = k2 >= 0
+        if not hit.any():
+            return joined
+        rows = cand[hit]
+        for i, piece in enumerate(pieces):  # the catch-all's rows for those lines go
+            pieces[i] = piece.filter(~pl.col("__row").is_in(rows))
+        pieces += [piece.with_columns(pl.Series("__row", cand[piece["__row"].to_numpy()])) for piece in p2]
+        kind_of[rows] = k2[hit]
+        joined[rows + 1] = True
+        return joined
+
+    def _continuations(self, kind_of: np.ndarray, fr: Framed, joined: np.ndarray,
+                       carry: Carry) -> tuple[np.ndarray, Counter, int]:
+        """Unrecognised lines after a multi-line record (or indented, or the wrapped half of a re-joined line)
+        belong to the record before them (integer kind codes, no loop per line)."""
+        n = len(kind_of)
+        blank = fr.blank
         skipped: Counter = Counter()
         skipped[BLANK] = int(blank.sum())
         carry_code = self.kind_index.get(carry.last_kind, -1) if carry.last_kind is not None else -1
@@ -318,58 +492,41 @@ class Engine:
         np.maximum.accumulate(pos, out=pos)
         ff = codes[pos][:-1]  # the latest recognised kind before each line (or the carried one)
         ff = np.where((pos[:-1] == 0) & (codes[0] < 0), -1, ff)
-        is_multi = np.array([k.multiline for k in self.kinds] + [False])
-        is_skip = np.array([k.skip for k in self.kinds] + [False])
-        cont = unclaimed & is_multi[ff]
-        cont_skip = cont & is_skip[ff]
+        cont = (kind_of < 0) & ~blank & (self._is_multi[ff] | (fr.indented & (ff >= 0)) | joined)
+        cont_skip = cont & self._is_skip[ff]
         for code, count in zip(*np.unique(ff[cont_skip], return_counts=True), strict=True):
             skipped[self.kinds[code].name] += int(count)
-        cont_parsed = int(cont.sum() - cont_skip.sum())
-        unparsed_mask = unclaimed & ~cont
-        counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
-        for ki, kind in enumerate(self.kinds):
-            if kind.skip and counts[ki]:
-                skipped[kind.name] += int(counts[ki])
-        last_rec = np.flatnonzero(kind_of >= 0)
-        if len(last_rec):
-            carry.last_kind = self.kinds[kind_of[last_rec[-1]]].name
-        first_rec = int(last_rec[0]) if len(last_rec) else n
-        lead = int(unparsed_mask[:first_rec].sum())
-        events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame({"__row": pl.Series([], dtype=pl.Int64)})
-        if events.height:
-            # the same columns in the same order whatever order the kinds were tried in
-            events = events.select(sorted(events.columns, key=lambda c: (self._field_rank.get(c, 1 << 20), c)))
-            events = events.sort("__row")
-        rows = events["__row"].to_numpy() if events.height else np.array([], dtype=np.int64)
+        return cont, skipped, int(cont.sum() - cont_skip.sum())
+
+    def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, fr: Framed,
+                wcols: dict[str, pl.Series]) -> pl.DataFrame:
+        """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""
+        events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
+            {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype())})
+        # the same columns in the same order whatever order the kinds were tried in
+        events = events.select(sorted(events.columns, key=lambda c: (self._field_rank.get(c, 1 << 20), c)))
+        events = events.sort("__row")
+        rows = events["__row"].to_numpy()
         base = {"line_no": line_no.gather(rows)}
-        for name, series in frame.items():
-            if name.startswith("__"):
-                continue
-            base[name] = series.gather(rows)
-        for name in wcols.columns:
-            base[name] = wcols[name].gather(rows)
+        for name, series in (*fr.cols.items(), *wcols.items()):
+            if series is not None and not name.startswith("__"):
+                base[name] = series.gather(rows)
         base_df = pl.DataFrame(base)
-        if events.height:
-            # a wrapper group and a kind field of the same name (syslog `host` vs the listen line's `host`):
-            # the line's own field wins, the wrapper's value fills the lines that have none
-            both = [c for c in base_df.columns if c in events.columns and c != "__row"]
+        # a wrapper group and a kind field of the same name (syslog `host` vs the listen line's `host`): the
+        # line's own field wins, the wrapper's value fills the lines that have none
+        both = [c for c in base_df.columns if c in events.columns and c != "__row"]
+        if both:
             events = events.with_columns([pl.coalesce(pl.col(c), base_df[c].cast(events[c].dtype, strict=False))
                                           for c in both])
             base_df = base_df.drop(both)
-        events = pl.concat([base_df, events.drop("__row")], how="horizontal") if events.height else base_df.with_columns(
-            pl.lit(None, dtype=kind_dtype()).alias("kind"))
+        events = pl.concat([base_df, events.drop("__row")], how="horizontal")
         if "elapsed" in events.columns:
             events = events.with_columns(elapsed_seconds(events["elapsed"])).drop("elapsed")
-        unp_idx = np.flatnonzero(unparsed_mask)
-        unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
-        # parsed = recognised non-skip records + continuation lines of non-skip records
-        recognised_nonskip = int(counts[~is_skip[:-1]].sum())
-        parsed = recognised_nonskip + cont_parsed
-        total_skipped = sum(skipped.values())
-        assert parsed + total_skipped + len(unp_idx) == n, (parsed, total_skipped, len(unp_idx), n)
-        return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
-                           wrappers_seen=seen, lead=lead, kind_counts=counts,
-                           last_kind=carry.last_kind if len(last_rec) else None)
+        if "frame_time" in events.columns:  # a key=value frame's own time (ollama), as a wrapper time
+            raw = events["frame_time"]
+            events = events.with_columns((pl.coalesce("abs_raw", raw) if "abs_raw" in events.columns else raw)
+                                         .alias("abs_raw")).drop("frame_time")
+        return events
 
     def join_chunks(self, res: ChunkResult, prev_last_kind: str | None) -> None:
         """Fix up a chunk classified without its predecessor's state (chunks run in parallel).
@@ -392,13 +549,11 @@ class Engine:
     def _type(self, part: pl.DataFrame) -> pl.DataFrame:
         exprs = []
         for col in part.columns:
-            if col in {"__row", "kind"}:
-                continue
             spec = self.fields.get(col)
-            if spec is None:
+            if col in {"__row", "kind"} or spec is None:
                 continue
             if spec.type == "bool":
-                exprs.append(pl.col(col).str.to_lowercase().is_in(["1", "true"]).alias(col))
+                exprs.append(pl.col(col).str.strip_chars().str.to_lowercase().is_in(["1", "true"]).alias(col))
             elif spec.type == "str":
                 exprs.append(pl.col(col).cast(pl.String))
             else:

@@ -79,7 +79,7 @@ class Decompressing(io.RawIOBase):
                     if rest:  # concatenated members / frames
                         self._new()
                     block = rest
-            except Exception as exc:  # zlib.error, zstandard.ZstdError
+            except (zlib.error, *_zstd_errors()) as exc:
                 self.truncated, self.problem = True, f"compressed stream is damaged ({exc})"
                 self._eof = True
 
@@ -96,6 +96,12 @@ class Decompressing(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+def _zstd_errors() -> tuple[type[Exception], ...]:
+    import zstandard
+
+    return (zstandard.ZstdError,)
 
 
 def open_binary(path: Path) -> io.RawIOBase:

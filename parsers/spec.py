@@ -1,18 +1,24 @@
-"""Format definitions as data: load, compile and self-check ``parsers/formats/*.toml``.
+"""Formats as data: load, compile and self-check ``parsers/formats/*.toml``.
 
-A format file declares its line kinds as named regexes whose groups are typed fields (declared once in
-``fields.toml``), with sample lines.  The loader refuses a kind without samples, a regex that does not
-compile, a group that is not a declared field, and a sample that the engine would not classify as the
-kind that carries it.  Adding a llama.cpp version means adding rows to these files, not engine code.
+A format file declares line kinds: a named regex whose groups are typed fields (declared once in
+``fields.toml``), sample lines, and a ``role`` that says what the line means for a request (start,
+release, timings, error, crash, ...).  Text kinds match the body of a plain line; record kinds
+(``frame = "record"``) match the message of a JSON or key=value record (``frames.toml``) and read
+their fields from the record's keys, in any order.  Every format is always active (real logs mix
+them: a fork's own lines, library lines, a wrapper's lines); ``--format NAME`` restricts the kinds to
+one format and the shared ones.  The loader refuses a kind without samples, a regex that does not
+compile, a group or key that is not a declared field, an unknown role, and a kind name used twice.
+Supporting a new llama.cpp version or fork means adding rows to these files, not engine code.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,6 +29,16 @@ from forensics.errors import FormatDefinitionError
 
 FORMATS_DIR = Path(__file__).parent / "formats"
 FIELD_TYPES = {"int", "float", "str", "bool"}
+DATA_FILES = {"fields.toml", "wrappers.toml", "frames.toml"}
+# What a line can mean for the request it belongs to (parsers/assemble.py reads these).
+ROLES = {
+    "start", "synth_start", "release", "prompt", "prompt_alt", "truncate", "cache", "kv_trim", "timing_header",
+    "timing_prompt", "timing_eval", "timing_total", "progress", "error", "cancel", "context_shift",
+    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "other",
+}
+IDENTITY = {"slot", "task"}  # fields that say whose a line is, not a fact about it (a skipped line may name them)
+# Old format names that still work with --format.
+ALIASES = {"llama-2023-json": "llama-2023", "llama-2024-json": "llama-records", "llama-2024-text": "llama-records"}
 
 
 @dataclass(frozen=True)
@@ -37,36 +53,36 @@ class Kind:
     """One kind of log line."""
 
     name: str
+    format: str
     regex: str
     prefilter: str
     samples: tuple[str, ...]
     fields: tuple[str, ...]
-    skip: bool = False  # deliberately ignored: counted in lines_skipped, no event row
-    fallback: bool = False  # catch-all; exempt from the "sample matches one kind" check
+    frame: str = "text"  # text: matches the line's body; record: matches a JSON/key=value record's message
+    keys: tuple[tuple[str, str], ...] = ()  # record kinds: (field, "key|alternative key") read from the record
+    role: str = "other"
+    skip: bool = False  # deliberately ignored: counted in lines_skipped, no event row (must carry no field)
+    fallback: bool = False  # catch-all, tried after every specific kind; exempt from the "one kind" check
+    weak: bool = False  # a catch-all that plain prose can match too: not evidence that a file is a log
     multiline: bool = False  # unknown lines after it are its continuation
     startup: bool = False  # part of a server's start-up banner
     boundary: bool = False  # the first line a new server process writes
     inherit: str | None = None  # take slot/task from the latest line of this kind (era-4 timing block)
     inherit_next: str | None = None  # take slot/task from the next line of this kind (era-2 timings)
-    json_fields: tuple[tuple[str, str], ...] = ()  # (field, JSON path) for JSON-family formats
-    kv_fields: tuple[tuple[str, str], ...] = ()  # (field, key) for key=value tails
+    exclude: str = ""  # a line the regex matches is not this kind when this regex also matches (no look-arounds)
 
 
 @dataclass(frozen=True)
 class Format:
+    """A set of kinds: one format file, or the union of several (``grammar``)."""
+
     name: str
     title: str
-    family: str  # text | json | kv
-    prefix: str
-    detect: tuple[str, ...]
     kinds: tuple[Kind, ...]
     source: str
-    message: str | None = None  # JSON family: path of the message; kv family: regex group holding it
-    record: str | None = None  # kv family: regex splitting level/function/message/tail
-    time_field: str | None = None  # JSON/kv: epoch seconds field
-    level_field: str | None = None
-    func_field: str | None = None
-    extra: dict = field(default_factory=dict)
+    shared: bool = False  # always active, also when another format is forced
+    eras: str = ""
+    includes: tuple[str, ...] = ()  # formats forced together with this one (lines printed beside its own)
 
     def kind(self, name: str) -> Kind:
         for k in self.kinds:
@@ -74,8 +90,11 @@ class Format:
                 return k
         raise KeyError(name)
 
+    def with_role(self, *roles: str) -> tuple[str, ...]:
+        return tuple(k.name for k in self.kinds if k.role in roles)
 
-def _read_toml(path: Path) -> dict:
+
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -100,89 +119,145 @@ def load_fields() -> dict[str, Field]:
 _GROUP = re.compile(r"\(\?P<([A-Za-z_]\w*)>")
 
 
-def _expand(regex: str, macros: dict[str, str]) -> str:
+def expand(regex: str, macros: dict[str, str]) -> str:
     for key, value in macros.items():
         regex = regex.replace("{" + key + "}", value)
     return regex
 
 
+def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, index: int) -> Kind:
+    name = raw.get("name") or f"#{index}"
+    where = f"kind {name!r}"
+    if "regex" not in raw:
+        raise FormatDefinitionError(f"{where} has no regex", path=str(path))
+    regex = expand(raw["regex"], macros)
+    for pattern in (regex, raw.get("exclude", "")):
+        _compiles(pattern, where, path)
+    groups = tuple(dict.fromkeys(_GROUP.findall(regex)))
+    keys = tuple((k, v) for k, v in (raw.get("keys") or {}).items())
+    fields = load_fields()
+    for g in (*groups, *(k for k, _ in keys)):
+        if g not in fields:
+            raise FormatDefinitionError(f"{where} captures {g!r}, which fields.toml does not declare",
+                                        path=str(path), hint="declare the field with its type")
+    samples = tuple(raw.get("samples", ()))
+    if not samples:
+        raise FormatDefinitionError(f"{where} has no samples", path=str(path),
+                                    hint="every kind needs at least one sample line")
+    role = raw.get("role", "other")
+    if role not in ROLES:
+        raise FormatDefinitionError(f"{where} has unknown role {role!r}", path=str(path),
+                                    hint=f"use one of {', '.join(sorted(ROLES))}")
+    frame = raw.get("frame", "text")
+    if frame not in {"text", "record"}:
+        raise FormatDefinitionError(f"{where} has unknown frame {frame!r}", path=str(path), hint="text or record")
+    skip = bool(raw.get("skip", False))
+    if skip and (set(groups) | {k for k, _ in keys}) - IDENTITY:
+        raise FormatDefinitionError(f"{where} is skipped but captures fields", path=str(path),
+                                    hint="a skipped line must not hide a fact: drop skip or the fields")
+    return Kind(
+        name=name, format=fmt, regex=regex, prefilter=raw.get("prefilter", ""), samples=samples,
+        fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys)))), frame=frame, keys=keys, role=role, skip=skip,
+        fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
+        multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
+        boundary=bool(raw.get("boundary", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
+        exclude=raw.get("exclude", ""),
+    )
+
+
+def _compiles(regex: str, where: str, path: Path) -> None:
+    """The regex compiles for the engine (Rust's regex crate, through polars: no look-arounds, no
+    back-references) and for Python (the tests read samples with it)."""
+    import polars as pl
+
+    try:
+        re.compile(regex)
+        pl.Series([""], dtype=pl.String).str.contains(regex)
+    except (re.error, pl.exceptions.PolarsError) as exc:
+        raise FormatDefinitionError(f"{where} regex does not compile: {str(exc).splitlines()[-1]}", path=str(path),
+                                    hint="the engine's regex has no look-arounds: use `exclude` instead") from exc
+
+
+@cache
+def load_macros() -> dict[str, str]:
+    """Regex macros shared by every format file (``{SLOT}``, ``{SRV}``, ...), from frames.toml."""
+    return dict(_read_toml(FORMATS_DIR / "frames.toml").get("macros", {}))
+
+
 def load_format(path: Path) -> Format:
     data = _read_toml(path)
-    fields = load_fields()
     meta = data.get("format") or {}
     if "name" not in meta:
         raise FormatDefinitionError("missing [format] name", path=str(path), hint="add name = \"...\"")
-    macros = data.get("macros", {})
-    kinds: list[Kind] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(data.get("kind", [])):
-        name = raw.get("name") or f"#{i}"
-        where = f"kind {name!r}"
-        if name in seen:
-            raise FormatDefinitionError(f"{where} is declared twice", path=str(path))
-        seen.add(name)
-        if "regex" not in raw:
-            raise FormatDefinitionError(f"{where} has no regex", path=str(path))
-        regex = _expand(raw["regex"], macros)
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise FormatDefinitionError(f"{where} regex does not compile: {exc}", path=str(path)) from exc
-        groups = tuple(dict.fromkeys(_GROUP.findall(regex)))
-        json_fields = tuple((k, v) for k, v in (raw.get("json") or {}).items())
-        kv_fields = tuple((k, v) for k, v in (raw.get("kv") or {}).items())
-        for g in (*groups, *(k for k, _ in json_fields), *(k for k, _ in kv_fields)):
-            if g not in fields:
-                raise FormatDefinitionError(f"{where} captures {g!r}, which fields.toml does not declare",
-                                            path=str(path), hint="declare the field with its type")
-        samples = tuple(raw.get("samples", ()))
-        if not samples:
-            raise FormatDefinitionError(f"{where} has no samples", path=str(path),
-                                        hint="every kind needs at least one sample line")
-        all_fields = tuple(dict.fromkeys((*groups, *(k for k, _ in json_fields), *(k for k, _ in kv_fields))))
-        kinds.append(Kind(
-            name=name, regex=regex, prefilter=raw.get("prefilter", ""), samples=samples, fields=all_fields,
-            skip=bool(raw.get("skip", False)), fallback=bool(raw.get("fallback", False)),
-            multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
-            boundary=bool(raw.get("boundary", False)), inherit=raw.get("inherit"),
-            inherit_next=raw.get("inherit_next"), json_fields=json_fields, kv_fields=kv_fields,
-        ))
+    macros = {**load_macros(), **data.get("macros", {})}
+    kinds = tuple(_kind(raw, meta["name"], macros, path, i) for i, raw in enumerate(data.get("kind", [])))
     if not kinds:
         raise FormatDefinitionError("format declares no kinds", path=str(path))
-    names = {k.name for k in kinds}
-    for k in kinds:
-        for ref in (k.inherit, k.inherit_next):
-            if ref is not None and ref not in names:
-                raise FormatDefinitionError(f"kind {k.name!r} inherits from unknown kind {ref!r}", path=str(path))
-    prefix = meta.get("prefix", "")
-    re.compile(prefix)
-    fmt = Format(
-        name=meta["name"], title=meta.get("title", meta["name"]), family=meta.get("family", "text"),
-        prefix=prefix, detect=tuple(meta.get("detect", ())), kinds=tuple(kinds), source=str(path),
-        message=meta.get("message"), record=_expand(meta["record"], macros) if meta.get("record") else None,
-        time_field=meta.get("time_field"), level_field=meta.get("level_field"),
-        func_field=meta.get("func_field"), extra={k: v for k, v in meta.items()},
-    )
-    if fmt.family not in {"text", "json", "kv"}:
-        raise FormatDefinitionError(f"unknown family {fmt.family!r}", path=str(path),
-                                    hint="use text, json or kv")
-    return fmt
+    return Format(name=meta["name"], title=meta.get("title", meta["name"]), kinds=kinds, source=str(path),
+                  shared=bool(meta.get("shared", False)), eras=meta.get("eras", ""),
+                  includes=tuple(meta.get("includes", ())))
 
 
 @cache
 def load_formats() -> dict[str, Format]:
-    """All built-in formats by name, in detection priority order (file name order)."""
+    """All built-in formats by name (file name order)."""
     out: dict[str, Format] = {}
     for path in sorted(FORMATS_DIR.glob("*.toml")):
-        if path.name in {"fields.toml", "wrappers.toml"}:
+        if path.name in DATA_FILES:
             continue
         fmt = load_format(path)
+        if fmt.name in out:
+            raise FormatDefinitionError(f"format {fmt.name!r} is declared twice", path=str(path))
         out[fmt.name] = fmt
+    _check_union(list(out.values()))
     return out
 
 
-def get_format(name: str) -> Format:
+def _check_union(formats: list[Format]) -> None:
+    seen: dict[str, str] = {}
+    for f in formats:
+        for k in f.kinds:
+            if k.name in seen:
+                raise FormatDefinitionError(f"kind {k.name!r} is declared in {seen[k.name]} and {f.name}",
+                                            path=f.source, hint="kind names are unique across formats")
+            seen[k.name] = f.name
+    names = {f.name for f in formats}
+    for f in formats:
+        for inc in f.includes:
+            if inc not in names:
+                raise FormatDefinitionError(f"format {f.name!r} includes unknown format {inc!r}", path=f.source)
+        for k in f.kinds:
+            for ref in (k.inherit, k.inherit_next):
+                if ref is not None and ref not in seen:
+                    raise FormatDefinitionError(f"kind {k.name!r} inherits from unknown kind {ref!r}", path=f.source)
+
+
+def format_names() -> list[str]:
+    """The names ``--format`` takes (the shared formats are always on, so they are not choices)."""
+    return [n for n, f in load_formats().items() if not f.shared]
+
+
+@cache
+def grammar(name: str | None = None) -> Format:
+    """The kinds one ingest uses: every format (``name`` None), or format ``name`` plus the shared ones.
+
+    Specific kinds come first, then the catch-alls (each file's in file order, the weak ones last), so a
+    catch-all of one format never takes a line that another format's specific kind knows.
+    """
     formats = load_formats()
-    if name not in formats:
-        raise FormatDefinitionError(f"unknown format {name!r}", hint=f"use one of: {', '.join(formats)}")
-    return formats[name]
+    if name is not None:
+        name = ALIASES.get(name, name)
+        if name not in formats or formats[name].shared:
+            raise FormatDefinitionError(f"unknown format {name!r}", hint=f"use one of: {', '.join(format_names())}")
+    wanted = {name, *formats[name].includes} if name is not None else set(formats)
+    chosen = [f for f in formats.values() if f.name in wanted or f.shared]
+    kinds = [k for f in chosen for k in f.kinds]
+    ordered = ([k for k in kinds if not k.fallback] + [k for k in kinds if k.fallback and not k.weak]
+               + [k for k in kinds if k.fallback and k.weak])
+    return Format(name=name or "auto", title=formats[name].title if name else "every format",
+                  kinds=tuple(ordered), source=", ".join(f.source for f in chosen))
+
+
+def get_format(name: str) -> Format:
+    """Format ``name`` with the shared kinds (what ``--format NAME`` reads with)."""
+    return grammar(name)

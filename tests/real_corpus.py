@@ -212,7 +212,56 @@ def summary_line(scores: list[Score]) -> str:
             f"unparsed server lines {unparsed}/{server} ({100 * unparsed / max(server, 1):.2f} %)")
 
 
+# ---------------------------------------------------------------------------------------- documentation
+README = CORPUS.parent.parent / "README.md"
+MARKS = {"coverage": ("<!-- real-logs:start -->", "<!-- real-logs:end -->"),
+         "provenance": ("<!-- provenance:start -->", "<!-- provenance:end -->")}
+
+
+def _wrappers(sc: Sidecar) -> str:
+    w = sc.source.get("wrapper") or ["none"]
+    return ", ".join(sorted(w if isinstance(w, list) else [w]))
+
+
+def coverage_markdown(sidecars: list[Sidecar], scores: list[Score]) -> str:
+    """The README's section: what the corpus covers (era x fork x wrapper) and how the tool does on it."""
+    rows: dict[tuple[int, str, str], list[int]] = {}
+    for sc in sidecars:
+        key = (int(sc.source["era"]), str(sc.source["fork"]), _wrappers(sc))
+        rows.setdefault(key, [0, 0])
+        rows[key][0] += 1
+        rows[key][1] += sc.n_facts()
+    out = ["| era | fork | wrappers | logs | facts |", "|---|---|---|---|---|"]
+    out += [f"| {e} | {f} | {w} | {n} | {k} |" for (e, f, w), (n, k) in sorted(rows.items())]
+    return "\n".join([f"Measured on the corpus: {summary_line(scores)}; internal errors: 0.", "", *out])
+
+
+def provenance_markdown(sidecars: list[Sidecar]) -> str:
+    out = ["| log | source | date | era | fork | wrappers | lines | facts |", "|---|---|---|---|---|---|---|---|"]
+    for sc in sidecars:
+        src = sc.source
+        where = f"[{src['repo']}#{src['number']}]({src['url']})" if "number" in src else f"[{src['repo']}]({src['url']})"
+        out.append(f"| `{sc.name}` | {where} | {src['date']} | {src['era']} | {src['fork']} | {_wrappers(sc)} | "
+                   f"{sc.line_count()} | {sc.n_facts()} |")
+    return "\n".join(out)
+
+
+def updated(text: str, which: str, body: str) -> str:
+    start, end = MARKS[which]
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["write"]:  # regenerate the README section and fixtures/real/README.md's source table
+        sidecars = corpus()
+        README.write_text(updated(README.read_text(encoding="utf-8"), "coverage",
+                                  coverage_markdown(sidecars, measure())), encoding="utf-8")
+        index = CORPUS / "README.md"
+        index.write_text(updated(index.read_text(encoding="utf-8"), "provenance", provenance_markdown(sidecars)),
+                         encoding="utf-8")
+        return 0
     if argv[:1] == ["measure"]:
         scores = measure(argv[1] if len(argv) > 1 else None)
         for s in scores:

@@ -1,4 +1,4 @@
-"""Every format definition checks itself: samples, one kind per sample, wrappers, detection of the fixtures."""
+"""Every format definition checks itself: samples, one kind per sample, wrappers, frames, detection."""
 
 from __future__ import annotations
 
@@ -8,147 +8,168 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from forensics.errors import FormatDefinitionError
 from forensics.ingest import detect_format
-from parsers.engine import Carry, Engine, load_wrappers
-from parsers.spec import Format, Kind, load_formats
+from parsers.engine import Carry, Engine, load_frames, load_wrappers
+from parsers.spec import ALIASES, format_names, grammar, load_formats
 
 FORMATS = load_formats()
+GRAMMAR = grammar()
+ENGINE = Engine(GRAMMAR)
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 
-# Known defects in format files, each a strict xfail so that a fix turns it red until the entry goes.
-KNOWN: dict[tuple[str, str], str] = {}
-
-
-def _known(request: pytest.FixtureRequest, key: tuple[str, str]) -> None:
-    if key in KNOWN:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[key], strict=True))
-
-
-# fixture name prefix -> the format it must be detected as
+# fixture name prefix -> the format most of its lines belong to
 EXPECTED_FORMAT = {
-    "era1-json": "llama-2023-json",
-    "era2-logtee": "llama-2023-json",
-    "era3-json": "llama-2024-json",
-    "era3-text": "llama-2024-text",
+    "era1-json": "llama-2023",
+    "era2-logtee": "llama-2023",
+    "era3-": "llama-records",
     "era4-": "llama-common",
     "era5-": "llama-common",
 }
 
 
-def _kind_samples() -> list[tuple[str, str, str]]:
+def _samples() -> list[tuple[str, str, str]]:
     return [(f.name, k.name, s) for f in FORMATS.values() for k in f.kinds for s in k.samples]
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_every_kind_has_a_sample(fmt: str) -> None:
-    missing = [k.name for k in FORMATS[fmt].kinds if not k.samples]
-    assert missing == []
+def _classify(engine: Engine, lines: list[str]) -> pl.DataFrame:
+    return engine.classify(pl.Series(lines, dtype=pl.String), 1, Carry()).events
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_samples_classify_as_their_kind(fmt: str, request: pytest.FixtureRequest) -> None:
-    """Each sample, run through the engine alone, is recognised as exactly the kind that carries it."""
-    _known(request, ("classify", fmt))
-    f = FORMATS[fmt]
-    eng = Engine(f)
-    wrong = []
-    for kind in f.kinds:
-        for sample in kind.samples:
-            res = eng.classify(pl.Series([sample], dtype=pl.String), 1, Carry())
-            if kind.skip:
-                ok = res.skipped.get(kind.name, 0) == 1 and res.events.height == 0
-            else:
-                ok = res.events.height == 1 and res.events["kind"][0] == kind.name
-            if not ok:
-                got = res.events["kind"].to_list() if res.events.height else dict(res.skipped)
-                wrong.append((kind.name, sample[:80], got))
-    assert wrong == []
+@pytest.mark.parametrize(("fmt", "kind", "sample"), _samples(), ids=lambda v: str(v)[:40])
+def test_each_sample_is_its_own_kind_among_every_format(fmt: str, kind: str, sample: str) -> None:
+    """A sample, read with every format's kinds at once (as a log is read), is recognised as its own kind."""
+    res = ENGINE.classify(pl.Series([sample], dtype=pl.String), 1, Carry())
+    k = GRAMMAR.kind(kind)
+    if k.skip:
+        assert res.skipped.get(kind, 0) == 1 and res.events.height == 0
+    else:
+        assert res.events["kind"].to_list() == [kind]
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_samples_match_no_other_specific_kind(fmt: str, request: pytest.FixtureRequest) -> None:
-    """A sample of a non-fallback kind matches no other non-fallback kind of the same format."""
-    _known(request, ("unique", fmt))
-    f = FORMATS[fmt]
-    eng = Engine(f)
-    specific = [k for k in f.kinds if not k.fallback]
+@pytest.mark.parametrize(("fmt", "kind", "sample"), _samples(), ids=lambda v: str(v)[:40])
+def test_each_sample_is_its_own_kind_when_its_format_is_forced(fmt: str, kind: str, sample: str) -> None:
+    if FORMATS[fmt].shared:
+        return  # shared kinds are in every forced format: the test above covers them
+    eng = Engine(grammar(fmt))
+    res = eng.classify(pl.Series([sample], dtype=pl.String), 1, Carry())
+    assert res.events["kind"].to_list() == ([] if eng.fmt.kind(kind).skip else [kind])
+
+
+def test_specific_kinds_are_disjoint() -> None:
+    """No sample of a specific (non-catch-all) kind matches another specific kind of the same frame: so the
+    kinds can be tried in any order (the engine tries the frequent ones first)."""
+    framer = ENGINE.framer
+    specific = [k for k in GRAMMAR.kinds if not k.fallback]
     clashes = []
     for kind in specific:
         for sample in kind.samples:
-            body = _body(eng, sample)
+            text, _, _ = ENGINE.unwrap(pl.Series([sample], dtype=pl.String))
+            fr = framer(text)
+            body, record = fr.body[0], bool(fr.record[0])
             for other in specific:
-                if other.name == kind.name or _on_record(f, other) != _on_record(f, kind):
-                    continue
-                if re.search(other.regex, body):
+                if (other.name != kind.name and (other.frame == "record") == record and re.search(other.regex, body)
+                        and not (other.exclude and re.search(other.exclude, body))):
                     clashes.append((kind.name, other.name, sample[:80]))
     assert clashes == []
 
 
-def _on_record(fmt: Format, kind: Kind) -> bool:
-    return fmt.family != "text" and bool(kind.json_fields or kind.kv_fields or kind.name.startswith("rec_"))
+def test_skipped_kinds_hide_no_fact() -> None:
+    assert [k.name for k in GRAMMAR.kinds if k.skip and set(k.fields) - {"slot", "task"}] == []
 
 
-def _body(eng: Engine, sample: str) -> str:
-    """The text a kind's regex sees: the record message for JSON/kv records, else the unwrapped line."""
-    f = eng.fmt
-    text, _, _ = eng.unwrap(pl.Series([sample], dtype=pl.String))
-    line = text[0]
-    if f.family == "json" and line.startswith("{"):
-        msg = pl.Series([line]).str.json_path_match(f"$.{f.message or 'msg'}")[0]
-        return msg if msg is not None else line
-    if f.family == "kv":
-        m = re.match(f.record or "", line)
-        return m.group("msg") if m else line
-    if f.prefix:
-        m = re.match(f.prefix, line)
-        return line[m.end():] if m else line
-    return line
+def test_a_format_file_with_a_skipped_kind_that_captures_a_fact_is_refused(tmp_path: Path) -> None:
+    from parsers.spec import load_format
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[format]\nname = 'bad'\n[[kind]]\nname = 'x'\nregex = '^n = (?P<tokens>\\d+)$'\n"
+                   "skip = true\nsamples = ['n = 1']\n")
+    with pytest.raises(FormatDefinitionError, match="skipped but captures fields"):
+        load_format(bad)
 
 
 @pytest.mark.parametrize("name", [w.name for w in load_wrappers().prefixes])
-def test_wrapper_samples_are_unwrapped(name: str, request: pytest.FixtureRequest) -> None:
-    _known(request, ("wrapper", name))
-    wrappers = load_wrappers()
-    eng = Engine(FORMATS["llama-common"], wrappers)
-    w = next(w for w in wrappers.prefixes if w.name == name)
+def test_wrapper_samples_are_unwrapped(name: str) -> None:
+    w = next(w for w in load_wrappers().prefixes if w.name == name)
     for sample in w.samples:
-        text, _, seen = eng.unwrap(pl.Series([sample], dtype=pl.String))
+        text, _, seen = ENGINE.unwrap(pl.Series([sample], dtype=pl.String))
         assert name in seen, sample
         assert len(text[0]) < len(sample)
 
 
 def test_json_wrapper_samples_are_unwrapped() -> None:
-    wrappers = load_wrappers()
-    eng = Engine(FORMATS["llama-common"], wrappers)
-    for jw in wrappers.json:
+    for jw in load_wrappers().json:
         for sample in jw.samples:
-            text, _, seen = eng.unwrap(pl.Series([sample], dtype=pl.String))
+            text, _, seen = ENGINE.unwrap(pl.Series([sample], dtype=pl.String))
             assert jw.name in seen
             assert not text[0].lstrip().startswith("{"), text[0]
 
 
-def _fixtures() -> list[Path]:
-    return sorted(FIXTURES.glob("*.log"))
+@pytest.mark.parametrize("name", [k.name for k in load_frames().kv])
+def test_record_frame_samples_are_records(name: str) -> None:
+    kv = next(k for k in load_frames().kv if k.name == name)
+    fr = ENGINE.framer(pl.Series(list(kv.samples), dtype=pl.String))
+    assert fr.record.all()
 
 
-@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.stem)
+def test_json_records_read_the_same_whatever_their_shape() -> None:
+    """Key order, extra keys, thread ids in decimal or hex, `msg` or `message`, numbers as strings and a line
+    cut short after the keys that matter: the same kind and the same fields."""
+    lines = [
+        '{"tid":"140196735963136","timestamp":1715170012,"level":"INFO","function":"update_slots","line":1781,'
+        '"msg":"slot released","id_slot":2,"id_task":7,"n_past":987,"truncated":false}',
+        '{"function":"update_slots","id_slot":2,"id_task":7,"level":"INFO","line":1781,"msg":"slot released",'
+        '"n_past":987,"tid":"0x176287000","timestamp":1715170012,"truncated":false}',
+        '{"timestamp":1715170012,"level":"INFO","function":"update_slots","message":"slot released","slot_id":"2",'
+        '"task_id":"7","n_past":"987","truncated":"false","extra":{"a":[1,2]}}',
+        '{"id_slot":2,"id_task":7,"msg":"slot released","n_past":987,"timestamp":1715170012,"truncated":false,"n_ca',
+    ]
+    ev = _classify(ENGINE, lines)
+    assert ev.select("kind", "slot", "task", "n_past", "truncated").rows() == [("rec_release", 2, 7, 987, False)] * 4
+    assert ev["epoch"].to_list() == ["1715170012"] * 4
+
+
+@pytest.mark.parametrize("fmt", [*format_names(), *ALIASES])
+def test_every_format_can_be_forced(fmt: str) -> None:
+    assert grammar(fmt).kinds
+
+
+def test_an_unknown_format_is_a_clear_error() -> None:
+    with pytest.raises(FormatDefinitionError, match="unknown format 'nope'"):
+        grammar("nope")
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.log")), ids=lambda p: p.stem)
 def test_fixture_format_is_detected(path: Path) -> None:
     expected = next((v for k, v in EXPECTED_FORMAT.items() if path.stem.startswith(k)), "llama-common")
     assert detect_format(path) == expected
 
 
+def test_a_preamble_of_other_text_does_not_hide_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "pasted.log"
+    prose = [f"user@host:~$ ./llama-server -m model.gguf --port {8000 + i}  # attempt {i}" for i in range(5000)]
+    log.write_text("\n".join([*prose, "slot launch_slot_: id  0 | task 0 | processing task"]) + "\n")
+    assert detect_format(log) is None  # past the head: the first 4000 lines are all that is read
+    log.write_text("\n".join([*prose[:3000], "slot launch_slot_: id  0 | task 0 | processing task"]) + "\n")
+    assert detect_format(log) == "llama-common"
+
+
+def test_prose_alone_is_not_a_log(tmp_path: Path) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_text("Note: the server crashed again.\nError: see above\nfoo: bar\n")
+    assert detect_format(f) is None
+
+
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.log")), ids=lambda p: p.name)
 def test_kind_order_does_not_change_the_result(path: Path) -> None:
     """Trying the frequent kinds first (as ingest does once it has seen a chunk) classifies every line the same
-    way as trying them in file order: the speed-up relies on non-fallback kinds being disjoint."""
-    fmt = FORMATS[detect_format(path) or "llama-common"]
+    way as trying them in file order: the speed-up relies on specific kinds being disjoint."""
     lines = pl.Series(path.read_text(encoding="utf-8", errors="replace").splitlines(), dtype=pl.String)
-    eng = Engine(fmt)
+    eng = Engine(GRAMMAR)
     in_file_order = eng.classify(lines, 1, Carry())
-    reverse = tuple(reversed([i for i, k in enumerate(fmt.kinds) if not k.fallback and
-                              i < next((j for j, x in enumerate(fmt.kinds) if x.fallback), len(fmt.kinds))]))
-    rest = tuple(i for i in range(len(fmt.kinds)) if i not in reverse)
-    for order in (reverse + rest, None):
+    specific = [i for i, k in enumerate(GRAMMAR.kinds) if not k.fallback]
+    rest = tuple(i for i in range(len(GRAMMAR.kinds)) if i not in specific)
+    for order in ((*reversed(specific), *rest), None):
         if order is None:
             eng.learn(in_file_order)
         res = eng.classify(lines, 1, Carry(), order)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from forensics.ingest import ingest
 from forensics.store import Store
 from parsers.engine import Carry, Engine
-from parsers.spec import load_formats
+from parsers.spec import format_names, grammar
 
 request = st.fixed_dictionaries({
     "prompt": st.integers(1, 30000),
@@ -63,7 +63,7 @@ def test_generated_logs_parse_back(reqs: list[dict], n_slots: int, prefix: bool)
         assert (f["lines_total"], f["lines_parsed"], f["lines_unparsed"]) == (5 * len(reqs), 5 * len(reqs), 0)
 
 
-ENGINES = [Engine(f) for f in load_formats().values()]
+ENGINES = [Engine(grammar()), *(Engine(grammar(name)) for name in format_names())]
 
 
 @settings(max_examples=200, deadline=None)

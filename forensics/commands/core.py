@@ -13,13 +13,14 @@ def register(cli: click.Group) -> None:
     # Only what the options need here: the parser, the store and polars load when a command runs,
     # so that every other command starts fast.
     from forensics import cli as cli_mod
-    from parsers.spec import load_formats
+    from parsers.spec import ALIASES, format_names
 
     @cli.command()
     @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
     @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
-    @click.option("--format", "fmt", type=click.Choice(sorted(load_formats())), default=None,
-                  help="Force a log format (default: detected from each file's content).")
+    @click.option("--format", "fmt", type=click.Choice(sorted([*format_names(), *ALIASES])), default=None,
+                  help="Read with one format's line kinds only (default: every format; the one most lines "
+                       "belong to is reported).")
     @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
     @click.option("--mapping", default=None,
                   help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "

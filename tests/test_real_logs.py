@@ -1,0 +1,83 @@
+"""The real-log corpus (fixtures/real): logs users pasted into public issues, with facts checked by hand.
+
+One ingest of the whole corpus: no file refused, no internal error, every file's lines accounted for, every
+hand-checked fact exact, and almost no line of server output left unparsed.  Then the same corpus under every
+format forced by ``--format``: never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.store import Store
+from parsers.spec import ALIASES, format_names
+from tests import real_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return real_corpus.ingest_corpus(real_corpus.corpus(), tmp_path_factory.mktemp("corpus"))
+
+
+def test_the_corpus_is_big_and_well_formed() -> None:
+    sidecars = real_corpus.corpus()
+    assert len(sidecars) >= 60
+    assert {s.source["fork"] for s in sidecars} >= {"upstream", "ollama", "ik_llama.cpp", "llamafile", "localai",
+                                                      "llama-swap"}
+    assert {s.source["era"] for s in sidecars} == {1, 2, 3, 4, 5}
+    assert [(s.name, p) for s in sidecars for p in real_corpus.problems(s)] == []
+
+
+def test_every_real_log_is_read_and_accounted_for(corpus_store: Path) -> None:
+    files = Store(corpus_store).table("files")
+    assert files.height == len(real_corpus.corpus())
+    assert files.filter(pl.col("format").is_in(["?", "empty"])).height == 0
+    bad = files.filter(pl.col("lines_parsed") + pl.col("lines_skipped") + pl.col("lines_unparsed")
+                       != pl.col("lines_total"))
+    assert bad.height == 0
+    for sc in real_corpus.corpus():
+        row = files.filter(pl.col("run") == sc.name).row(0, named=True)
+        assert row["lines_total"] == sc.line_count(), sc.name
+
+
+@pytest.mark.parametrize("sidecar", real_corpus.corpus(), ids=lambda s: s.name)
+def test_every_hand_checked_fact_is_right(corpus_store: Path, sidecar: real_corpus.Sidecar) -> None:
+    score = real_corpus.score(sidecar, corpus_store)
+    assert score.wrong == []
+    assert score.right == score.facts
+
+
+def test_almost_no_server_line_is_left_unparsed(corpus_store: Path) -> None:
+    scores = [real_corpus.score(sc, corpus_store) for sc in real_corpus.corpus()]
+    server = sum(s.server_lines for s in scores)
+    unparsed = sum(len(s.unparsed_server) for s in scores)
+    assert unparsed <= 0.02 * server, [(s.name, s.unparsed_server) for s in scores if s.unparsed_server]
+
+
+@pytest.mark.parametrize("fmt", [None, *format_names(), *ALIASES])
+def test_no_traceback_under_any_forced_format(tmp_path: Path, fmt: str | None) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    for i, log in enumerate(sorted([*fixtures.glob("real/*.log"), *fixtures.glob("logs/*.log")])):
+        (logs / f"{i:03d}-{log.name}").write_bytes(log.read_bytes())
+    args = ["ingest", str(logs), "--store", str(tmp_path / "s"), "--keep-going", *(["--format", fmt] if fmt else [])]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and "internal error" not in res.output
+
+
+def test_the_docs_say_what_the_corpus_holds_and_measures(corpus_store: Path) -> None:
+    """The README's coverage table and numbers, and fixtures/real/README.md's source table, are current
+    (`python -m tests.real_corpus write` regenerates both)."""
+    sidecars = real_corpus.corpus()
+    scores = [real_corpus.score(sc, corpus_store) for sc in sidecars]
+    readme = real_corpus.README.read_text(encoding="utf-8")
+    assert real_corpus.updated(readme, "coverage", real_corpus.coverage_markdown(sidecars, scores)) == readme
+    index = (real_corpus.CORPUS / "README.md").read_text(encoding="utf-8")
+    assert real_corpus.updated(index, "provenance", real_corpus.provenance_markdown(sidecars)) == index
