@@ -458,7 +458,8 @@ def mask_message(text: str | None) -> str:
 
 ERROR_SCHEMA = {"run": pl.String, "kind": pl.String, "level": pl.String, "count": pl.Int64,
                 "http_status": pl.String, "first": pl.String, "last": pl.String, "slots": pl.String,
-                "items": pl.String, "shape": pl.String, "example": pl.String}
+                "items": pl.String, "in_flight": pl.String, "shape": pl.String, "example": pl.String,
+                "evidence": pl.String}
 
 
 def _at(ts: object, el: object, line: object) -> str:
@@ -475,9 +476,17 @@ def _join(values: list[object], limit: int = 10) -> str:
     return text + (f",+{len(vals) - limit}" if len(vals) > limit else "")
 
 
+def _evidence(recs: list[dict[str, object]], limit: int = 5) -> str:
+    """Where to look: file:line (a range for a crash's lines), the first few of a group."""
+    spots = [f"{r['path']}:{r['line_no']}" + (f"-{r['line_last']}" if r["line_last"] != r["line_no"] else "")
+             for r in recs[:limit]]
+    return ", ".join(spots) + (f", +{len(recs) - limit}" if len(recs) > limit else "")
+
+
 def error_groups(store: Store, run: str | None = None) -> pl.DataFrame:
-    """Server-side errors and warnings grouped by message shape (see errors.sql and ``MASKS``)."""
-    with _session(store, run, requests=False) as s:
+    """Server-side errors and warnings grouped by message shape, and one row per crash with the tasks it
+    had in flight (see errors.sql and ``MASKS``); ``evidence`` gives the lines to read."""
+    with _session(store, run, requests=False, tables=("requests", "instances")) as s:
         ev = _run_query(s.con, "errors", {"runs": s.runs})
     if ev.height == 0:
         return pl.DataFrame(schema=ERROR_SCHEMA)
@@ -491,8 +500,10 @@ def error_groups(store: Store, run: str | None = None) -> pl.DataFrame:
             "http_status": _join([r["http_status"] for r in recs]),
             "first": _at(a["ts"], a["elapsed_s"], a["line_no"]), "last": _at(b["ts"], b["elapsed_s"], b["line_no"]),
             "slots": _join([r["slot"] for r in recs]), "items": _join([r["item"] for r in recs]),
-            "shape": shape, "example": a["message"],
+            "in_flight": "; ".join(r["tasks"] for r in recs if r["tasks"]) or None,
+            "shape": shape, "example": a["message"], "evidence": _evidence(recs),
         })
     out = pl.DataFrame(rows, schema=ERROR_SCHEMA, orient="row")
-    order = pl.when(pl.col("level").str.contains("(?i)^e|err|fatal")).then(0).otherwise(1)
+    order = (pl.when(pl.col("kind") == "crash").then(0)
+             .when(pl.col("level").str.contains("(?i)^e|err|fatal")).then(1).otherwise(2))
     return out.sort([pl.col("run"), order, pl.col("count")], descending=[False, False, True], maintain_order=True)

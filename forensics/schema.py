@@ -74,6 +74,8 @@ EVENTS_BASE = [
     Column("line_no", I64, "1-based line number in the file"),
     Column("instance", STR, "instance the line belongs to"),
     Column("kind", STR, "line kind (see the format definitions)"),
+    Column("role", STR, "what the line means for its request or instance: start, release, timing_prompt, timing_eval, "
+           "timing_total, progress, error, cancel, crash, crash_detail, http, ... (the kind's role in its format file)"),
     Column("level", STR, "level letter or word when logged (I, W, E, D, INFO, ...)"),
     Column("elapsed_s", F64, "seconds since the process started, when the line carries elapsed time"),
     Column("ts", TS, "absolute time when known"),

@@ -17,7 +17,7 @@ from functools import cache
 import numpy as np
 import polars as pl
 
-from parsers.spec import FORMATS_DIR, Format, Kind, _read_toml, load_fields, load_formats
+from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
 
 DTYPES = {"int": pl.Int64, "float": pl.Float64, "str": pl.String, "bool": pl.Boolean}
 BLANK = "blank"
@@ -106,6 +106,11 @@ def load_frames() -> Frames:
 def kind_dtype() -> pl.Enum:
     """The ``kind`` column's type: an enum of every kind of every format (compared as integers, not text)."""
     return pl.Enum(sorted({k.name for f in load_formats().values() for k in f.kinds}))
+
+
+@cache
+def role_dtype() -> pl.Enum:
+    return pl.Enum(sorted(ROLES))
 
 
 @dataclass
@@ -447,7 +452,8 @@ class Engine:
         if kind.keys:
             tail = fr.tail.gather(rows)
             part = part.with_columns([key_values(tail, key).alias(f) for f, key in kind.keys if f not in part.columns])
-        part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"))
+        part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"),
+                                 pl.lit(kind.role, dtype=role_dtype()).alias("role"))
         return self._type(part)
 
     def _reflow(self, fr: Framed, kind_of: np.ndarray, pieces: list[pl.DataFrame]) -> np.ndarray:
@@ -502,7 +508,8 @@ class Engine:
                 wcols: dict[str, pl.Series]) -> pl.DataFrame:
         """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""
         events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
-            {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype())})
+            {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype()),
+             "role": pl.Series([], dtype=role_dtype())})
         # the same columns in the same order whatever order the kinds were tried in
         events = events.select(sorted(events.columns, key=lambda c: (self._field_rank.get(c, 1 << 20), c)))
         events = events.sort("__row")
@@ -550,7 +557,7 @@ class Engine:
         exprs = []
         for col in part.columns:
             spec = self.fields.get(col)
-            if col in {"__row", "kind"} or spec is None:
+            if col in {"__row", "kind", "role"} or spec is None:
                 continue
             if spec.type == "bool":
                 exprs.append(pl.col(col).str.strip_chars().str.to_lowercase().is_in(["1", "true"]).alias(col))

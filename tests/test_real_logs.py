@@ -81,3 +81,21 @@ def test_the_docs_say_what_the_corpus_holds_and_measures(corpus_store: Path) -> 
     assert real_corpus.updated(readme, "coverage", real_corpus.coverage_markdown(sidecars, scores)) == readme
     index = (real_corpus.CORPUS / "README.md").read_text(encoding="utf-8")
     assert real_corpus.updated(index, "provenance", real_corpus.provenance_markdown(sidecars)) == index
+
+
+def test_crashes_are_listed_with_their_evidence_and_the_tasks_in_flight(tmp_path: Path) -> None:
+    from forensics import findings
+
+    real = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+    logs = [real / "crash-llamacpp-12817.log", real / "crash-ikllama-687.log"]
+    from forensics.ingest import ingest
+
+    ingest(tmp_path / "s", logs, run="r")
+    errors = findings.error_groups(Store(tmp_path / "s"), "r")
+    crashes = errors.filter(pl.col("kind") == "crash").select("example", "in_flight", "evidence").rows()
+    assert crashes == [
+        ("CUDA error: out of memory", "slot 0 task 3", f"{logs[1]}:16-19"),
+        ('GGML_ASSERT((cparams.causal_attn || cparams.n_ubatch >= n_tokens_all) && "non-causal attention requires '
+         'n_ubatch >= n_tokens") failed', "slot 1 task 2, slot 2 task 3", f"{logs[0]}:8"),
+    ]
+    assert errors["kind"][0] == "crash"  # crashes first

@@ -1,29 +1,60 @@
--- errors: every server-side error and warning line of the chosen runs.
+-- errors: every server-side error and warning line of the chosen runs, and one row per crash.
 --
--- A line counts when its level is a warning or an error (W, E, WARN, WARNING, ERROR, ERR, FATAL, any
--- case), or its kind is send_error, exception, exception_twice, slot_exception, unauthorized,
--- decode_error or fatal (a llama.cpp/ggml failure line), or it is an http_request line with status >= 400.  `message` is the error text, else
--- the generic message, else "<METHOD> <status>" for HTTP lines.  `item` comes from matches on the
--- line's task when present.  findings.py masks the messages into shapes and groups them.
--- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_matches.
+-- A line counts when its level is a warning or an error (W, E, WARN, WARNING, ERROR, ERR, FATAL, any case),
+-- its role is error (send_error, exceptions, task errors), its kind reports a failure (decode_error, fatal,
+-- unauthorized, the KV cache being full), or it is an HTTP line (the server's or a proxy's) with status >= 400.
+-- The lines of a crash (role crash or crash_detail: asserts, aborts, backtraces, debugger lines) are not listed
+-- one by one: each crashed instance gives one row of kind `crash`, whose message is the first crash line that
+-- says why, whose lines run from the first to the last crash line, and whose tasks are the requests the
+-- instance had in flight (not complete) when it died.  `message` is the error text, else the generic message,
+-- else "<METHOD> HTTP <status>".  `item` comes from matches on the line's task when present.  findings.py
+-- masks the messages into shapes and groups them.
+-- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_matches, requests, instances.
 WITH ev AS (
     SELECT * FROM fx_events
-    WHERE run IN (SELECT unnest($runs))
+    WHERE run IN (SELECT unnest($runs)) AND coalesce(role, '') NOT IN ('crash', 'crash_detail')
       AND (upper(coalesce(level, '')) IN ('W', 'E', 'WARN', 'WARNING', 'ERROR', 'ERR', 'FATAL')
-           OR kind IN ('send_error', 'exception', 'exception_twice', 'slot_exception', 'unauthorized',
-                       'decode_error', 'fatal')
-           OR (kind = 'http_request' AND status >= 400))
+           OR role = 'error'
+           OR kind IN ('decode_error', 'fatal', 'unauthorized', 'rec_decode_error', 'era2_kv_full',
+                       'rec_slot_unavailable', 'rec_unauthorized')
+           OR (role IN ('http', 'proxy_http') AND status >= 400))
 ),
 m AS (
     SELECT run, instance, task, any_value(item) AS item, any_value(slot) AS m_slot
     FROM fx_matches GROUP BY run, instance, task
+),
+lines AS (
+    SELECT e.run, e.instance, e.kind, e.level, e.line_no, e.line_no AS line_last, e.path, e.ts, e.elapsed_s,
+           coalesce(e.slot, m.m_slot) AS slot, e.task, e.status AS http_status,
+           coalesce(e.error, e.msg,
+                    CASE WHEN e.role IN ('http', 'proxy_http') THEN coalesce(e.method || ' ', '') || 'HTTP ' || e.status END,
+                    e.kind) AS message,
+           m.item, CAST(NULL AS VARCHAR) AS tasks
+    FROM ev e
+    LEFT JOIN m ON m.run = e.run AND m.instance = e.instance AND m.task = e.task AND e.task IS NOT NULL
+),
+crash_lines AS (
+    SELECT run, instance, path, min(line_no) AS line_no, max(line_no) AS line_last,
+           arg_min(ts, line_no) AS ts, arg_min(elapsed_s, line_no) AS elapsed_s,
+           coalesce(arg_min(error, line_no) FILTER (WHERE role = 'crash' AND error IS NOT NULL),
+                    arg_min(error, line_no) FILTER (WHERE error IS NOT NULL), 'crash') AS message
+    FROM fx_events
+    WHERE run IN (SELECT unnest($runs)) AND role IN ('crash', 'crash_detail')
+    GROUP BY run, instance, path
+),
+crashed AS (
+    SELECT c.* FROM crash_lines c
+    SEMI JOIN (SELECT run, instance FROM instances WHERE crashed) i ON i.run = c.run AND i.instance = c.instance
+),
+in_flight AS (
+    SELECT r.run, r.instance, string_agg('slot ' || r.slot || ' task ' || r.task, ', ' ORDER BY r.slot, r.task) AS tasks
+    FROM requests r SEMI JOIN crashed c ON c.run = r.run AND c.instance = r.instance
+    WHERE NOT coalesce(r.complete, true)
+    GROUP BY r.run, r.instance
 )
-SELECT e.run, e.instance, e.kind, e.level, e.line_no, e.path, e.ts, e.elapsed_s,
-       coalesce(e.slot, m.m_slot) AS slot, e.task, e.status AS http_status,
-       coalesce(e.error, e.msg,
-                CASE WHEN e.kind = 'http_request' THEN coalesce(e.method || ' ', '') || 'HTTP ' || e.status END,
-                e.kind) AS message,
-       m.item
-FROM ev e
-LEFT JOIN m ON m.run = e.run AND m.instance = e.instance AND m.task = e.task AND e.task IS NOT NULL
-ORDER BY e.run, e.path, e.line_no
+SELECT * FROM lines
+UNION ALL
+SELECT c.run, c.instance, 'crash' AS kind, NULL AS level, c.line_no, c.line_last, c.path, c.ts, c.elapsed_s,
+       NULL AS slot, NULL AS task, NULL AS http_status, c.message, NULL AS item, f.tasks
+FROM crashed c LEFT JOIN in_flight f ON f.run = c.run AND f.instance = c.instance
+ORDER BY run, path, line_no
