@@ -24,7 +24,8 @@ from forensics.store import Store
 KINDS = ("throughput", "latency", "timeline", "tokens", "busy")
 EXTENSIONS = (".html", ".png", ".svg", ".json")
 VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "failed": "#7f7f7f"}
+CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "prompt over context": "#b279a2",
+                "failed": "#7f7f7f", "unclassified": "#c7c7c7"}
 
 
 def _data(df: pl.DataFrame) -> alt.Data:
@@ -80,9 +81,7 @@ def latency_chart(scaling: metrics.Scaling) -> alt.Chart:
 
 def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
     """One lane per instance and slot, one bar per request, coloured by class."""
-    df = intervals
-    if "class" not in df.columns:
-        df, _ = metrics.classify_requests(df)
+    df = intervals if "class" in intervals.columns else intervals.with_columns(pl.lit("unclassified").alias("class"))
     df = df.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null()).with_columns(
         pl.concat_str([pl.col("run"), pl.lit(" "), pl.col("instance").fill_null("?"), pl.lit(" slot "),
                        pl.col("slot").cast(pl.String).fill_null("?")]).alias("lane"))
@@ -105,12 +104,12 @@ def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
     ).properties(title="Slot timeline", width=720, height=max(60, 18 * lanes))
 
 
-def tokens_chart(intervals: pl.DataFrame, cap: int | None = None, *, cap_source: str = "") -> alt.Chart:
+def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
     """Generated tokens per request, by stage when known (else by run), the recommended cap as a rule."""
     df = intervals.filter(pl.col("gen_tokens").is_not_null())
     group = "stage" if "stage" in df.columns and df["stage"].drop_nulls().len() else "run"
     if "class" not in df.columns:
-        df, _ = metrics.classify_requests(df)
+        df = df.with_columns(pl.lit("unclassified").alias("class"))
     df = df.select(group, "gen_tokens", "class", *[c for c in ("item", "task", "slot") if c in df.columns])
     pts = alt.Chart(_data(df)).mark_tick(thickness=2, size=14).encode(
         x=alt.X("gen_tokens:Q", title="generated tokens"),
@@ -121,9 +120,9 @@ def tokens_chart(intervals: pl.DataFrame, cap: int | None = None, *, cap_source:
     layers: list[Any] = [pts]
     title = f"Generated tokens per {group}"
     if cap is not None:
-        label = f"recommended cap {cap}" + (f" ({cap_source})" if cap_source else "")
+        label = f"recommended cap {cap}"
         layers.append(alt.Chart(_data(pl.DataFrame({"cap": [cap], "label": [label]})))
-                      .mark_rule(color="#e45756", strokeWidth=2).encode(x="cap:Q", tooltip=["label:N"]))
+                      .mark_rule(color="#54a24b", strokeWidth=2).encode(x="cap:Q", tooltip=["label:N"]))
         title += f", {label}"
     n = df[group].n_unique() if df.height else 1
     return alt.layer(*layers).properties(title=title, width=620, height=max(60, 30 * n))
@@ -153,14 +152,14 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
     # per-request charts: the server's slots are the lanes when the log has them
     src = "server" if source == "auto" and has_server_requests(store, runs) else source
     ri = metrics.request_intervals(store, runs, source=src)
-    ri, _ = metrics.classify_requests(ri, store)
-    if kind == "timeline":
-        return timeline_chart(ri)
     if kind == "busy":
         return busy_chart(ri)
-    run = runs[0] if runs and len(runs) == 1 else None
-    cap, cap_src = metrics.recommended_cap(ri, store, run)
-    return tokens_chart(ri, cap, cap_source="simple rule" if cap_src == "rules" else "")
+    from forensics import findings
+
+    ri = metrics.with_classes(ri, findings.request_classes(store, runs))
+    if kind == "timeline":
+        return timeline_chart(ri)
+    return tokens_chart(ri, findings.recommend_cap(store, runs).cap)
 
 
 def has_server_requests(store: Store, runs: list[str] | None) -> bool:

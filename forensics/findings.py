@@ -210,6 +210,20 @@ def find_runaways(store: Store, run: str | None = None, **overrides: float | int
     return _drop_empty(df.select(RUNAWAY_COLUMNS), ("item", "stage"))
 
 
+# ---------------------------------------------------------------------------------------- prompt over context
+PROMPT_OVER_COLUMNS = ("run", "instance", "slot", "task", "seq", "item", "stage", "prompt_tokens", "ctx_slot",
+                       "gen_tokens", "how", "error", "evidence")
+
+
+def find_prompt_over_context(store: Store, run: str | None = None, **overrides: float | int | None) -> pl.DataFrame:
+    """Requests whose prompt did not fit the slot's context: cut, refused, or filling it before the output grew
+    (see prompt_over_context.sql).  They are not runaways: the cure is a shorter prompt or a larger -c."""
+    th = thresholds(**overrides)
+    with _session(store, run) as s:
+        df = _run_query(s.con, "prompt_over_context", {"min_tokens": th.min_tokens, "ctx_slack": th.ctx_slack})
+    return _drop_empty(df.select(PROMPT_OVER_COLUMNS), ("item", "stage"))
+
+
 # ---------------------------------------------------------------------------------------- dead slots
 @dataclass
 class DeadSlotReport:
@@ -310,6 +324,38 @@ def find_dead_slots(store: Store, run: str | None = None, *, include_recovered: 
                     **overrides: float | int | None) -> pl.DataFrame:
     """Dead slots as a frame (see ``dead_slot_report``)."""
     return dead_slot_report(store, run, include_recovered=include_recovered, **overrides).slots
+
+
+# ---------------------------------------------------------------------------------------- classes
+CLASSES = ("dead slot", "runaway", "prompt over context", "failed", "normal")
+CLASS_SCHEMA = {"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64, "class": pl.String}
+_KEYS = ["run", "instance", "slot", "task"]
+
+
+def request_classes(store: Store, runs: str | list[str] | None = None) -> pl.DataFrame:
+    """Each server request of ``runs`` with the findings' verdict on it, for the charts and the report.
+
+    ``class`` is, in this order: dead slot (an abnormal request on a dead slot, from the one it died on), runaway,
+    prompt over context, failed (an error or HTTP >= 400), else normal.  Defined by the findings above and
+    nothing else: no finding, no class.
+    """
+    dead = dead_slot_report(store, runs)  # type: ignore[arg-type]
+    gone = dead.sequence.join(dead.slots.select("run", "instance", "slot", pl.col("seq").alias("_from")),
+                              on=["run", "instance", "slot"]).filter(pl.col("abnormal") & (pl.col("seq") >= pl.col("_from")))
+    flagged = [
+        ("dead slot", gone.select(_KEYS)),
+        ("runaway", find_runaways(store, runs).select(_KEYS)),  # type: ignore[arg-type]
+        ("prompt over context", find_prompt_over_context(store, runs).select(_KEYS)),  # type: ignore[arg-type]
+    ]
+    with _session(store, runs) as s:
+        base = fetch_pl(s.con, "SELECT run, instance, slot, task, (error IS NOT NULL OR coalesce(http_status, 200) >= 400 "
+                               "OR stop_reason = 'error') AS failed FROM fx_requests")
+    cls = pl.when(pl.col("failed")).then(pl.lit("failed")).otherwise(pl.lit("normal"))
+    for name, keys in reversed(flagged):
+        marked = keys.unique().with_columns(pl.lit(True).alias(f"_{name}"))
+        base = base.join(marked, on=_KEYS, how="left", nulls_equal=True)
+        cls = pl.when(pl.col(f"_{name}").fill_null(False)).then(pl.lit(name)).otherwise(cls)
+    return base.select(*_KEYS, cls.alias("class"))
 
 
 # ---------------------------------------------------------------------------------------- cap

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from forensics.errors import ForensicsError, InputError, NotFoundError, QueryError
+from forensics.errors import InputError, NotFoundError, QueryError
 from forensics.store import Store, fetch_pl
 
 QUERIES = Path(__file__).resolve().parent / "queries"
@@ -379,69 +378,6 @@ def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_
     return SmokeResult(pl.DataFrame(rows, schema=schema, orient="row"), all_ok and bool(rows), budgets)
 
 
-# ---------------------------------------------------------------------------------------- classes
-def safely(compute: Callable[[], Any]) -> tuple[Any, str]:
-    """Run one finding for a report section or a chart: (result, "") or (None, why it could not be
-    computed), so that one section that cannot be computed does not sink the others."""
-    try:
-        return compute(), ""
-    except ForensicsError as exc:
-        return None, exc.one_line()
-    except Exception as exc:  # a bug in one finding must not take the report down
-        return None, f"failed: {type(exc).__name__}: {exc}"
-
-
-def _task_keys(df: Any) -> set[tuple[Any, ...]]:
-    if not isinstance(df, pl.DataFrame) or not {"run", "instance", "slot", "task"} <= set(df.columns):
-        return set()
-    return {tuple(r) for r in df.select("run", "instance", "slot", "task").iter_rows()}
-
-
-def classify_requests(intervals: pl.DataFrame, store: Store | None = None) -> tuple[pl.DataFrame, str]:
-    """Add ``class`` (normal, runaway, dead slot, failed) to ``intervals``.
-
-    Uses the findings (find_dead_slots / find_runaways, rows keyed by run, instance, slot, task) when
-    ``store`` is given and they flag something; otherwise simple rules: a *dead slot* is a
-    run of two or more consecutive failed or ≤ 1-token requests on one slot; *failed* is any other
-    failed request; a *runaway* ended truncated, by a context shift or context limit, or generated
-    more than 8 × its run's median and at least 512 tokens.  Returns (frame, "findings" or "rules").
-    """
-    if store is not None:
-        runs = intervals["run"].unique().to_list()
-        run = runs[0] if len(runs) == 1 else None
-        from forensics import findings
-
-        dead_res, _ = safely(lambda: findings.find_dead_slots(store, run))
-        run_res, _ = safely(lambda: findings.find_runaways(store, run))
-        dead, runaway = _task_keys(dead_res), _task_keys(run_res)
-        if dead or runaway:
-            keys = list(zip(*(intervals[c].to_list() for c in ("run", "instance", "slot", "task")), strict=True))
-            cls = ["dead slot" if k in dead else "runaway" if k in runaway else
-                   "failed" if f else "normal" for k, f in zip(keys, intervals["failed"].to_list(), strict=True)]
-            return intervals.with_columns(pl.Series("class", cls, dtype=pl.String)), "findings"
-    return _classify_by_rules(intervals), "rules"
-
-
-def _classify_by_rules(ri: pl.DataFrame) -> pl.DataFrame:
-    bad = pl.col("failed") | (pl.col("gen_tokens").fill_null(0) <= 1)
-    df = ri.with_row_index("_i").sort("run", "instance", "slot", "start_s", "seq")
-    df = df.with_columns(bad.alias("_bad"))
-    df = df.with_columns(
-        (pl.col("_bad") != pl.col("_bad").shift(1).over("run", "instance", "slot")).fill_null(True)
-        .cum_sum().over("run", "instance", "slot").alias("_grp"))
-    df = df.with_columns(pl.len().over("run", "instance", "slot", "_grp").alias("_len"))
-    median = pl.col("gen_tokens").median().over("run")
-    runaway = (pl.col("truncated").fill_null(False) | pl.col("context_shift").fill_null(False)
-               | (pl.col("stop_reason") == "context")
-               | ((pl.col("gen_tokens") > 8 * median) & (pl.col("gen_tokens") >= 512)).fill_null(False))
-    df = df.with_columns(
-        pl.when(pl.col("_bad") & (pl.col("_len") >= 2)).then(pl.lit("dead slot"))
-        .when(pl.col("failed")).then(pl.lit("failed"))
-        .when(runaway).then(pl.lit("runaway"))
-        .otherwise(pl.lit("normal")).alias("class"))
-    return df.sort("_i").drop("_i", "_bad", "_grp", "_len")
-
-
 def busy_over_time(intervals: pl.DataFrame) -> pl.DataFrame:
     """Busy slots per run and instance as a step function: (run, instance, t_s, busy) after each change."""
     ri = intervals.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null())
@@ -457,43 +393,12 @@ def busy_over_time(intervals: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def recommended_cap(intervals: pl.DataFrame, store: Store | None = None,
-                    run: str | None = None) -> tuple[int | None, str]:
-    """The output cap to draw: from findings.recommend_cap when it has one, else a simple rule
-    (p99 of the normal requests' generated tokens × 1.25, rounded up to a multiple of 64)."""
-    if store is not None:
-        from forensics import findings
-
-        res, _ = safely(lambda: findings.recommend_cap(store, [run] if run is not None else None))
-        if isinstance(res, pl.DataFrame) and run is not None and "run" in res.columns:
-            res = res.filter(pl.col("run") == run)
-        cap = _cap_value(res) if res is not None else None
-        if cap is not None:
-            return cap, "findings"
-    if "class" not in intervals.columns:
-        intervals = _classify_by_rules(intervals)
-    normal = intervals.filter((pl.col("class") == "normal") & pl.col("gen_tokens").is_not_null())
-    if normal.height == 0:
-        return None, "rules"
-    p99 = normal["gen_tokens"].cast(pl.Float64).quantile(0.99, interpolation="linear")
-    if p99 is None:
-        return None, "rules"
-    return int(math.ceil(p99 * 1.25 / 64) * 64), "rules"
-
-
-def _cap_value(res: Any) -> int | None:
-    if isinstance(res, (int, float)) and not isinstance(res, bool):
-        return int(res)
-    if isinstance(res, dict):
-        for k in ("cap", "recommended_cap", "max_tokens"):
-            if isinstance(res.get(k), (int, float)):
-                return int(res[k])
-    if isinstance(res, pl.DataFrame) and res.height:
-        for k in ("cap", "recommended_cap", "max_tokens"):
-            if k in res.columns and res[k][0] is not None:
-                return int(res[k][0])
-    for k in ("cap", "recommended_cap", "max_tokens"):
-        v = getattr(res, k, None)
-        if isinstance(v, (int, float)):
-            return int(v)
-    return None
+def with_classes(intervals: pl.DataFrame, classes: pl.DataFrame) -> pl.DataFrame:
+    """``intervals`` with each request's ``class`` from ``findings.request_classes`` (requests it does not list,
+    replay attempts without a server request, are "unclassified")."""
+    keys = ["run", "instance", "slot", "task"]
+    if not set(keys) <= set(intervals.columns):
+        return intervals.with_columns(pl.lit("unclassified").alias("class"))
+    out = intervals.drop("class", strict=False).join(classes.select(*keys, "class"), on=keys, how="left",
+                                                     nulls_equal=True, maintain_order="left")
+    return out.with_columns(pl.col("class").fill_null("unclassified"))

@@ -5,9 +5,9 @@ chart's data is inline, so the page references no external URL.  Every string th
 or a record is HTML-escaped (in tables) or JSON-escaped for <script> (in chart specs), so a log line
 holding ``<script>`` stays text.
 
-Findings come from ``forensics.findings`` (dead slots, runaways, the cap, error groups) and
-``forensics.replay`` (missing items) through a small adapter: when a module or function is absent
-the section says "not available" and the rest of the report is still written.
+Findings come from ``forensics.findings`` (dead slots, runaways, prompts over the context, the cap, error
+groups, and the class of each request in the charts) and ``forensics.replay`` (missing items): one
+definition each.  A section that cannot be computed says why; the rest of the report is still written.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import polars as pl
 
 from forensics import metrics
-from forensics.errors import NotFoundError
+from forensics.errors import ForensicsError, NotFoundError, bug_boundary
 from forensics.store import Store
 
 MAX_ROWS = 200
@@ -37,6 +37,7 @@ def _findings() -> list[tuple[str, Callable[[Store, str], Any]]]:
     return [
         ("Dead slots", lambda store, run: findings.find_dead_slots(store, run)),
         ("Runaways", lambda store, run: findings.find_runaways(store, run)),
+        ("Prompts over the context", lambda store, run: findings.find_prompt_over_context(store, run)),
         ("Missing items", lambda store, run: replay.missing(store, run)),
         ("Recommended output cap", lambda store, run: findings.recommend_cap(store, [run])),
         ("Error groups", lambda store, run: findings.error_groups(store, run)),
@@ -134,9 +135,19 @@ def render_finding(res: Any, run: str) -> str:
     return "\n".join(out) or html_table(_as_frame(res))
 
 
+def _computed(compute: Callable[[], Any]) -> tuple[Any, str]:
+    """(result, "") or (None, why it could not be computed): a section that cannot be computed says so, and the
+    rest of the report is still written.  A bug is reported the same way, as an internal error."""
+    try:
+        with bug_boundary():
+            return compute(), ""
+    except ForensicsError as exc:
+        return None, exc.one_line()
+
+
 def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     """The report's HTML for ``run`` and notes (what was not available)."""
-    from forensics import charts  # altair only here, when a report is asked for
+    from forensics import charts, findings  # altair only here, when a report is asked for
 
     runs = metrics.all_runs(store)
     if run not in runs:
@@ -147,8 +158,11 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     m_run = m_all.filter(pl.col("run") == run)
     has_server = charts.has_server_requests(store, [run])
     ri = metrics.request_intervals(store, [run], source="server" if has_server else "auto")
-    ri, cls_source = metrics.classify_requests(ri, store)
-    cap, cap_source = metrics.recommended_cap(ri, store, run)
+    classes, why_not = _computed(lambda: findings.request_classes(store, [run]))
+    ri = metrics.with_classes(ri, classes if classes is not None else pl.DataFrame(
+        schema={"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64, "class": pl.String}))
+    cap_res, _ = _computed(lambda: findings.recommend_cap(store, [run]))
+    cap = cap_res.cap if cap_res is not None else None
 
     parts: list[str] = []
     # ---- summary
@@ -162,19 +176,17 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     else:
         parts.append('<p class="na">no requests for this run</p>')
     counts = ri.group_by("class").agg(pl.len().alias("requests")).sort("class")
-    parts.append(f"<p>Requests by class ({'findings module' if cls_source == 'findings' else 'simple rules'}):</p>")
+    parts.append("<p>Requests by what the findings say of them:</p>" if not why_not else
+                 f'<p class="na">the requests could not be classified: {esc(why_not)}</p>')
     parts.append(html_table(counts))
     # ---- findings
     parts.append('<h2 id="findings">Findings</h2>')
     for title, compute in _findings():
         parts.append(f"<h3>{esc(title)}</h3>")
-        res, reason = metrics.safely(lambda compute=compute: compute(store, run))
+        res, reason = _computed(lambda compute=compute: compute(store, run))
         if reason:
             parts.append(f'<p class="na">{esc(reason)}</p>')
             notes.append(f"{title.lower()}: {reason}")
-            if title.startswith("Recommended") and cap is not None and cap_source == "rules":
-                parts.append(f"<p>Simple rule instead (p99 of normal requests' generated tokens × 1.25, "
-                             f"rounded up to 64): <b>{cap}</b> tokens.</p>")
         else:
             parts.append(render_finding(res, run))
     failed = ri.filter(pl.col("failed")).select(
@@ -199,7 +211,7 @@ def build_report(store: Store, run: str) -> tuple[str, list[str]]:
     chart_list: list[tuple[str, Any]] = [
         ("timeline", charts.timeline_chart(ri)),
         ("busy", charts.busy_chart(ri)),
-        ("tokens", charts.tokens_chart(ri, cap, cap_source="simple rule" if cap_source == "rules" else "")),
+        ("tokens", charts.tokens_chart(ri, cap)),
     ]
     if sc.table.height >= 1:
         chart_list += [("throughput", charts.throughput_chart(sc)), ("latency", charts.latency_chart(sc))]

@@ -102,6 +102,7 @@ REQUESTS = [
     Column("n_ctx_slot", I64, "context size of the slot when known"),
     Column("stop_reason", STR, "eos (ended by itself: EOS or a stop word), limit, word, context, cancelled, error, unknown"),
     Column("truncated", BOOL, "released with truncated = 1 (context shift, truncation or context full)"),
+    Column("prompt_truncated", BOOL, "the prompt did not fit the slot and was cut (`input truncated`)"),
     Column("context_shift", BOOL, "a context shift happened during the request"),
     Column("n_predict", I64, "output cap in force when logged (-1 = none)"),
     Column("http_status", I64, "HTTP status of the request line tied to it, when logged"),

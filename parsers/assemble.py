@@ -465,7 +465,7 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
     )
     # era 2 releases carry no truncated flag: a context shift is the only sign
     df = df.with_columns(stop.alias("stop_reason"), pl.coalesce("truncated", "context_shift").fill_null(False)
-                         .alias("truncated"))
+                         .alias("truncated"), pl.col("truncated_prompt_tokens").is_not_null().alias("prompt_truncated"))
     df = df.sort("line_first").with_columns(
         pl.col("line_first").rank("ordinal").over(["ikey", "instance_no", "slot"]).cast(pl.Int64).alias("seq"))
     return df

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from forensics import charts, metrics
 from forensics.cli import cli
 from forensics.store import Store
-from tests.throughput_helpers import basic_store, req, sweep_store, write
+from tests.throughput_helpers import basic_store, sweep_store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -61,24 +61,23 @@ def test_script_json_cannot_close_the_script() -> None:
     assert text == '{"item": "\\u003c/script\\u003e\\u003cscript\\u003ealert(1)\\u003c/script\\u003e"}'
 
 
-def test_simple_rules_classify_dead_slot_runaway_failed(store_dir: Path) -> None:
-    rows = [
-        req("r", 0, 1, 1, 0, 1, 1000, 100, 900, 10),
-        req("r", 0, 2, 2, 1, 2, 1000, 0, 0, 10, http_status=500, error="boom"),
-        req("r", 0, 3, 3, 2, 3, 1000, 1, 10, 10),  # second bad request in a row on slot 0: dead slot
-        req("r", 1, 1, 4, 0, 9, 9000, 4000, 8900, 10),  # > 8 x median (100) and >= 512: runaway
-        req("r", 1, 2, 5, 9, 10, 1000, 90, 900, 10, truncated=True),  # truncated: runaway
-        req("r", 2, 1, 6, 0, 1, 1000, 0, 0, 10, error="once"),  # a lone failure
-        req("r", 2, 2, 7, 1, 2, 1000, 120, 900, 10),
-    ]
-    ri = metrics.request_intervals(write(store_dir, {"requests": rows}), ["r"])
-    out, how = metrics.classify_requests(ri)
-    assert how == "rules"
-    got = dict(zip(out["task"].to_list(), out["class"].to_list(), strict=True))
-    assert got == {1: "normal", 2: "dead slot", 3: "dead slot", 4: "runaway", 5: "runaway", 6: "failed",
-                   7: "normal"}
-    # the simple cap: p99 of normal tokens (100, 120) = 119.8 x 1.25 = 149.75 -> 192
-    assert metrics.recommended_cap(out) == (192, "rules")
+def test_request_classes_come_from_the_findings_only(tmp_path: Path) -> None:
+    """The charts' classes are the findings' verdicts (scenario ground truth), never a rule of their own."""
+    from fixtures.findings.scenarios import build
+    from forensics import findings
+
+    store = build(tmp_path / "s")
+    cls = findings.request_classes(store, ["dead", "one-runaway", "healthy"])
+    got = {(r["run"], r["slot"], r["task"]): r["class"] for r in cls.iter_rows(named=True) if r["class"] != "normal"}
+    dead = findings.dead_slot_report(store, "dead")
+    gone = dead.sequence.filter(pl.col("abnormal") & (pl.col("seq") >= dead.slots["seq"][0]))
+    runaway = findings.find_runaways(store, "one-runaway")
+    assert got == {**{("dead", 1, t): "dead slot" for t in gone["task"]},
+                   **{("one-runaway", 0, t): "runaway" for t in runaway["task"]}}
+    assert dead.slots.select("slot", "seq").rows() == [(1, 5)]  # the scenario's ground truth
+    assert runaway.select("slot", "seq").rows() == [(0, 4)]
+    ri = metrics.with_classes(metrics.request_intervals(store, ["dead"]), cls)
+    assert ri.filter(pl.col("class") == "dead slot").height == gone.height
 
 
 def test_busy_over_time_steps(store_dir: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -182,3 +183,48 @@ def test_without_matches_baselines_per_instance(tmp_path: Path) -> None:
     df = F.find_runaways(store, "overflow")
     # without matches: no item, stage, repetition or next-item signal
     assert df.select("slot", "task", "why", "followed_by").rows() == [(0, 6, "tokens,context", None)]
+
+
+def _timing(prompt: int, gen: int) -> list[str]:
+    return [f"prompt eval time =     400.00 ms / {prompt:5d} tokens (    0.10 ms per token, 10000.00 tokens per second)"
+            ,
+            f"       eval time =    1280.00 ms / {gen:5d} tokens (   20.00 ms per token,    50.00 tokens per second)"
+            ,
+            f"      total time =    1680.00 ms / {prompt + gen:5d} tokens"]
+
+
+def test_a_prompt_over_the_context_is_its_own_finding_not_a_runaway(tmp_path: Path) -> None:
+    """An over-long prompt that the server cut (`input truncated`, truncated = 1 at release, n_past at the context)
+    answered in 64 tokens, and one the server refused (400): prompts over the context, not runaways."""
+    lines = []
+    for task in range(10, 16):  # the normal responses of slot 0 (60 tokens)
+        lines += [f"slot launch_slot_: id  0 | task {task} | processing task",
+                  f"slot update_slots: id  0 | task {task} | new prompt, n_ctx_slot = 4096, n_keep = 0, "
+                  "n_prompt_tokens = 500",
+                  f"slot      release: id  0 | task {task} | stop processing: n_past = 559, truncated = 0",
+                  f"slot print_timing: id  0 | task {task} | ", *_timing(500, 60)]
+    lines += ["slot launch_slot_: id  0 | task 1 | processing task",
+              "slot update_slots: id  0 | task 1 | new prompt, n_ctx_slot = 4096, n_keep = 0, n_prompt_tokens = 6000",
+              "slot update_slots: id  0 | task 1 | input truncated, n_ctx = 4096, n_keep = 0, n_left = 4096, "
+              "n_prompt_tokens = 4032",
+              "slot      release: id  0 | task 1 | stop processing: n_past = 4095, truncated = 1",
+              "slot print_timing: id  0 | task 1 | ", *_timing(4032, 64),
+              "slot launch_slot_: id  1 | task 3 | processing task",
+              "slot update_slots: id  1 | task 3 | new prompt, n_ctx_slot = 4096, n_keep = 0, n_prompt_tokens = 9344",
+              "srv    send_error: task id = 3, error: request (9344 tokens) exceeds the available context size "
+              "(4096 tokens), try increasing it",
+              "slot      release: id  1 | task 3 | stop processing: n_past = 0, truncated = 0"]
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    from forensics.ingest import ingest
+
+    ingest(tmp_path / "s", [log], run="r")
+    store = Store(tmp_path / "s")
+    assert F.find_runaways(store, "r").height == 0
+    over = F.find_prompt_over_context(store, "r")
+    assert over.select("slot", "task", "prompt_tokens", "ctx_slot", "gen_tokens", "how").rows() == [
+        (0, 1, 4032, 4096, 64, "truncated"), (1, 3, 9344, 4096, None, "rejected")]
+    assert over["evidence"].to_list() == [f"{log}:43-50", f"{log}:51-54"]
+    classes = F.request_classes(store, "r").filter(pl.col("class") != "normal")
+    assert classes.select("slot", "task", "class").sort("slot").rows() == [(0, 1, "prompt over context"),
+                                                                         (1, 3, "prompt over context")]

@@ -18,10 +18,10 @@ from forensics.cli import cli
 from forensics.errors import InputError
 from forensics.ingest import FilesNotRead, ingest
 from forensics.store import Store
-from tests.conftest import SHARED
 
-REAL = SHARED / "real-server-sample" / "server.log"
-REAL_B4747 = SHARED / "real-server-sample-b4747" / "server.log"
+RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "server-runs"
+REAL = RUNS / "real-2026" / "server.log"
+REAL_B4747 = RUNS / "real-b4747" / "server.log"
 
 ERA5 = """\
 0.00.000.093 I cmn  common_param: common_params_print_info: verbosity = 3 (adjust with the `-lv N` CLI arg)
@@ -52,7 +52,6 @@ def _accounting_holds(store_dir: Path) -> None:
         assert row["lines_parsed"] + row["lines_skipped"] + row["lines_unparsed"] == row["lines_total"], row
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="shared reference logs not present")
 def test_real_2026_sample(store_dir: Path) -> None:
     ingest(store_dir, [REAL])
     files = _files(store_dir)
@@ -67,7 +66,6 @@ def test_real_2026_sample(store_dir: Path) -> None:
     _accounting_holds(store_dir)
 
 
-@pytest.mark.skipif(not REAL_B4747.exists(), reason="shared reference logs not present")
 def test_real_b4747_sample(store_dir: Path) -> None:
     ingest(store_dir, [REAL_B4747])
     req = _requests(store_dir)
@@ -241,7 +239,6 @@ def test_store_reads_with_pyarrow_hive_partitioning(tmp_path: Path, store_dir: P
     assert table.column("gen_tokens").to_pylist() == [178]
 
 
-@pytest.mark.skipif(not REAL_B4747.exists(), reason="shared reference logs not present")
 def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk boundaries (multi-line chat template, timing blocks) do not change what is parsed."""
     from parsers import reader

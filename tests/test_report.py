@@ -34,7 +34,8 @@ def test_report_has_every_section(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     for anchor in ("summary", "findings", "throughput", "charts"):
         assert f'<h2 id="{anchor}">' in text
-    for title in ("Dead slots", "Runaways", "Missing items", "Recommended output cap", "Failed requests"):
+    for title in ("Dead slots", "Runaways", "Prompts over the context", "Missing items", "Recommended output cap",
+                  "Failed requests"):
         assert f"<h3>{title}</h3>" in text
     for chart in ("timeline", "busy", "tokens", "throughput", "latency"):
         assert f'<div id="chart-{chart}" class="chart">' in text
@@ -71,30 +72,21 @@ def test_a_section_that_cannot_be_computed_says_why(tmp_path: Path, monkeypatch:
     assert '<h2 id="charts">' in text  # the rest of the report is there
 
 
-def test_findings_drive_the_classes_and_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_report_shows_the_findings_own_verdicts(tmp_path: Path) -> None:
+    """Classes in the charts and the cap line come from the findings themselves: the same counts and the same
+    cap as the findings API gives for the run, on a store whose ground truth is known."""
+    from fixtures.findings.scenarios import build
     from forensics import findings
 
-    def find_dead_slots(store: object, run: str | None = None) -> pl.DataFrame:
-        return pl.DataFrame({"run": ["abs", "other"], "instance": ["server", "x"], "slot": [1, 0], "task": [4, 9],
-                             "signature": ["<b>500</b>", "no"]})
-
-    def find_runaways(store: object, run: str | None = None) -> pl.DataFrame:
-        return pl.DataFrame({"run": [run], "instance": ["server"], "slot": [0], "task": [1]})
-
-    def recommend_cap(store: object, runs: list[str] | None = None) -> dict:
-        return {"cap": 300, "truncated_items": 1}
-
-    monkeypatch.setattr(findings, "find_dead_slots", find_dead_slots)
-    monkeypatch.setattr(findings, "find_runaways", find_runaways)
-    monkeypatch.setattr(findings, "recommend_cap", recommend_cap)
-    store = basic_store(tmp_path / "store")
-    res = report.write_report(store, "abs", tmp_path / "r.html")
+    store = build(tmp_path / "s")
+    res = report.write_report(store, "one-runaway", tmp_path / "r.html")
     text = res.path.read_text(encoding="utf-8")
-    assert "&lt;b&gt;500&lt;/b&gt;" in text and ">other<" not in text  # filtered to the run, escaped
-    assert "Requests by class (findings module)" in text
-    assert "<td>dead slot</td>" in text and "<td>runaway</td>" in text
-    assert '"cap": 300' in text  # drawn as the rule on the tokens chart
-    assert [n for n in res.notes if n.startswith(("dead slots", "runaways", "recommended"))] == []
+    classes = findings.request_classes(store, "one-runaway")
+    assert classes.group_by("class").len().sort("class").rows() == [("normal", 19), ("runaway", 1)]
+    assert "<td>runaway</td><td class=\"num\">1</td>" in text and "<td>normal</td><td class=\"num\">19</td>" in text
+    cap = findings.recommend_cap(store, ["one-runaway"]).cap
+    assert cap == 512 and f'"cap": {cap}' in text  # drawn as the rule on the tokens chart
+    assert res.notes == ["missing items: no replay run 'one-runaway' (known runs: overflow)"]  # logs, no records
 
 
 def test_unknown_run(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@
 --   start_key  a sortable start: epoch(t_start), else elapsed_start_s (null when neither is logged)
 --   bgroup     baseline group: 'stage:<stage>' when the stage is known, else 'instance:<instance>'
 --   err_shape  the error text with digits masked (to compare errors)
+--   prompt_rejected  its error says the prompt did not fit the context (every build's wording)
 --   clean      a request that ended by itself or at its cap, without error: the baselines use these
 -- Parameters: $runs VARCHAR[].  Relations: requests, instances, fx_matches.
 CREATE OR REPLACE TEMP TABLE fx_requests AS
@@ -29,6 +30,9 @@ SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage,
        r.n_past_end,
        coalesce(r.n_ctx_slot, i.i_ctx_slot, CAST(i.i_ctx / nullif(i.i_slots, 0) AS BIGINT)) AS ctx_slot,
        r.stop_reason, r.truncated, r.context_shift, r.n_predict, r.http_status, r.error,
+       coalesce(r.prompt_truncated, false) AS prompt_truncated,
+       coalesce(regexp_matches(lower(r.error), 'exceeds the available context size|input prompt is too big'
+                               || '|is larger than the max context size|prompt is too long'), false) AS prompt_rejected,
        r.t_start, r.elapsed_start_s, r.line_first, r.line_last,
        coalesce(epoch(r.t_start), r.elapsed_start_s) AS start_key,
        CASE WHEN m.stage IS NOT NULL THEN 'stage:' || m.stage ELSE 'instance:' || r.instance END AS bgroup,

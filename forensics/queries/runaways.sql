@@ -5,8 +5,9 @@
 --                    gen_tokens over the clean requests of its baseline group (run and stage when stages
 --                    are known, else run and instance; the whole run when the group has fewer than
 --                    $min_group clean requests)
---   context          truncated, a context shift, stop_reason 'context', or it generated tokens and
---                    n_past_end >= the slot's context - $ctx_slack
+--   context          it generated at least $min_tokens tokens and reached the context: truncated, a context
+--                    shift, stop_reason 'context', or n_past_end >= the slot's context - $ctx_slack.  A request
+--                    that reached the context with fewer tokens was filled by its prompt: prompt_over_context.sql
 --   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
 --   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
 -- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
@@ -41,9 +42,10 @@ flags AS NOT MATERIALIZED (
     SELECT b.*,
            (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
-           (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
-            OR coalesce(b.stop_reason = 'context', false)
-            OR coalesce(b.gen_tokens > 0 AND b.n_past_end >= b.ctx_slot - $ctx_slack, false)) AS f_context,
+           (coalesce(b.gen_tokens >= $min_tokens, false)
+            AND (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
+                 OR coalesce(b.stop_reason = 'context', false)
+                 OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false))) AS f_context,
            coalesce(e.cap, false) AS f_cap,
            coalesce(d.degenerate, false) AS f_rep,
            (coalesce(e.cancel, false) OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled
