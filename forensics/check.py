@@ -84,15 +84,19 @@ def check_store(store: Store) -> pl.DataFrame:
             "they are ignored; delete them to save space")
     else:
         ok("stray files", "none")
-    con = store.connect(existing_only=True)
     try:
-        for name, sql, problem, repair, fine in COUNT_CHECKS:
-            found = fetch_pl(con, sql)
-            if found.height:
-                bad(name, problem.format(n=found.height, example=found.row(0)[0]), repair)
-            else:
-                ok(name, fine)
-    finally:
-        con.close()
+        con = store.connect(existing_only=True)
+    except StoreError as exc:  # a damaged part (listed above): the counts cannot be read
+        bad("counts", exc.message, "delete the store and ingest again")
+    else:
+        try:
+            for name, sql, problem, repair, fine in COUNT_CHECKS:
+                found = fetch_pl(con, sql)
+                if found.height:
+                    bad(name, problem.format(n=found.height, example=found.row(0)[0]), repair)
+                else:
+                    ok(name, fine)
+        finally:
+            con.close()
     return pl.DataFrame(rows, schema={"check": pl.String, "status": pl.String, "detail": pl.String,
                                       "repair": pl.String})

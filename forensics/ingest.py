@@ -766,8 +766,10 @@ def _join_runs(store: Store) -> list[str]:
             con.close()
         have_n = dict(have.iter_rows())
         for (path,), part in joined.group_by("path", maintain_order=True):
-            if have_n.get(path) != part.height:
-                continue  # the join saw only some of this log's requests: leave them as they are
+            if have_n.get(path) != part.height:  # the join saw only some of this log's requests
+                notes.append(f"join: {path}: {part.height} of its {have_n.get(path, 0)} requests were joined; its "
+                             "requests keep the times they had")
+                continue
             fid = file_id_of(Path(path))
             txn.remove("requests", [p for p in store.parts("requests") if f"/{fid}-" in p])
             part = part.with_columns(pl.coalesce("replay_run", "run").alias("run"))

@@ -325,10 +325,14 @@ class Store:
         extra = ""
         if table == "events":
             extra = ", * EXCLUDE (" + ", ".join(f'"{c.name}"' for c in schema.TABLES[table]) + ")"
-        con.execute(
-            f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}{extra} FROM read_parquet([{files}], "
-            "hive_partitioning = true, union_by_name = true)"
-        )
+        try:
+            con.execute(
+                f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}{extra} FROM read_parquet([{files}], "
+                "hive_partitioning = true, union_by_name = true)"
+            )
+        except duckdb.Error as exc:  # a damaged part: say so, never read it as "no rows"
+            raise StoreError(f"cannot read the {table} table: {str(exc).splitlines()[0]}",
+                             hint="run `forensics check` to see how to repair the store") from exc
 
     def run_names(self, tables: list[str]) -> list[str] | None:
         """The runs with rows in any of ``tables``, sorted, read from the manifest's part paths (no file is
@@ -371,6 +375,9 @@ class Store:
         con = self.connect(tables=[name])
         try:
             df = fetch_pl(con, f"SELECT * FROM {name}")
+        except duckdb.Error as exc:  # a damaged part: say so, never read it as "no rows"
+            raise StoreError(f"cannot read the {name} table: {str(exc).splitlines()[0]}",
+                             hint="run `forensics check` to see how to repair the store") from exc
         finally:
             con.close()
         return schema.conform(df, name) if name != "events" else df

@@ -208,3 +208,21 @@ def test_run_names_never_escape_the_store(tmp_path: Path, name: str) -> None:
     assert s.table("requests")["run"].unique().to_list() == [name.replace("\x00", "")]
     res = CliRunner().invoke(cli, ["sql", "--store", str(store_dir), "select count(*) as n from requests"])
     assert res.output.splitlines()[-1].strip() == "3"
+
+
+def test_a_damaged_part_is_an_error_not_an_empty_table(tmp_path: Path) -> None:
+    """Records already in the store are read before new ones of the same run are added: a part that cannot be
+    read must stop the ingest (nothing removed), not read as "no records" whose parts are then replaced."""
+    runs = Path(__file__).resolve().parent.parent / "fixtures" / "replay" / "multistage"
+    store_dir = tmp_path / "store"
+    ingest(store_dir, [runs / "attempts.jsonl"], run="m")
+    part = Store(store_dir).parts("attempts")[0]
+    (store_dir / part).write_bytes(b"PAR1 not really parquet")
+    parts_before = sorted(p.name for p in store_dir.rglob("*.parquet"))
+    res = CliRunner().invoke(cli, ["ingest", str(runs / "manifest.json"), "--run", "m", "--store", str(store_dir)])
+    assert res.exit_code == 2
+    assert "cannot read the attempts table" in res.stderr and "forensics check" in res.stderr
+    assert sorted(p.name for p in store_dir.rglob("*.parquet")) == parts_before
+    res = CliRunner().invoke(cli, ["check", "--store", str(store_dir), "--format", "csv"])
+    assert res.exit_code == 1
+    assert f"problem,attempts: {part}:" in res.stdout and "problem,cannot read the attempts table" in res.stdout
