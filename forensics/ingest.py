@@ -315,7 +315,7 @@ class Ingestor:
         lines = prev["lines_total"] if prev else 0
         parsed = prev["lines_parsed"] if prev else 0
         unparsed_n = prev["lines_unparsed"] if prev else 0
-        year = (self.started_at or datetime.fromtimestamp(stat.st_mtime, timezone.utc)).year
+        reference = self.started_at or datetime.fromtimestamp(stat.st_mtime, timezone.utc)
         rstate = ReadState()
         wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
         # what the lines read before said about each instance (model, slots, context: usually at the top)
@@ -323,7 +323,8 @@ class Ingestor:
             and saved["_facts"].height else []
         def classify(chunk: Any, order: tuple[int, ...]) -> Any:
             res = engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
-            return chunk, res, assemble.parse_abs_time(res.events, year_hint=year, tz=self.tz)
+            return chunk, res, assemble.parse_abs_time(res.events, reference=reference, tz=self.tz,
+                                                       reference_is_start=self.started_at is not None)
 
         # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
         # requests and writes parts in file order; at most BATCH + WORKERS + 2 chunks are in memory at once.

@@ -10,6 +10,7 @@ small row per request, not every line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 import polars as pl
@@ -471,15 +472,58 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
+def _syslog_times(val: pl.Series, reference: datetime, tz: str, reference_is_start: bool) -> pl.Series:
+    """`Mon DD HH:MM:SS[.f]` (any locale's month name) in ``reference``'s year, moved a year where needed."""
+    if len(val) == 0:
+        return pl.Series([], dtype=pl.Datetime("us", "UTC"))
+    month = syslog_month(val)
+    rest = val.str.extract(r"^\S+\s+(\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)?)", 1)
+    text = pl.lit(str(reference.year)) + " " + month.cast(pl.String) + " " + rest
+    dt = pl.select(text).to_series().str.to_datetime("%Y %m %d %H:%M:%S%.f", strict=False, time_unit="us") \
+        .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
+    ref = pl.lit(reference).cast(pl.Datetime("us", "UTC"))
+    day = pl.duration(days=1)
+    moved = (pl.when(pl.lit(reference_is_start) & (pl.col("t") < ref - day)).then(pl.col("t").dt.offset_by("1y"))
+             .when(~pl.lit(reference_is_start) & (pl.col("t") > ref + day)).then(pl.col("t").dt.offset_by("-1y"))
+             .otherwise(pl.col("t")))
+    return pl.DataFrame({"t": dt}).select(moved).to_series()
+
+
 def epoch_to_dt(values: pl.Series) -> pl.Series:
     secs = values.cast(pl.Float64, strict=False)
     return (secs * 1_000_000).cast(pl.Int64, strict=False).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
 
 
-def parse_abs_time(ev: pl.DataFrame, *, year_hint: int, tz: str = "UTC") -> pl.DataFrame:
+# Month abbreviations of the locales journald and syslog print in (English, German, French, Spanish, Italian,
+# Portuguese, Dutch, Swedish, Polish, Czech, ...): the first letters identify the month.
+MONTHS = {
+    1: ("jan", "ene", "gen", "sty", "led", "tam"), 2: ("feb", "fév", "fev", "lut", "úno", "hel"),
+    3: ("mar", "mär", "mrz", "mrt", "bře", "maa"), 4: ("apr", "avr", "abr", "kwi", "dub", "huh"),
+    5: ("may", "mai", "mag", "mei", "maj", "kvě", "tou"), 6: ("jun", "jui", "giu", "cze", "čvn", "kes"),
+    7: ("jul", "juil", "lug", "lip", "čvc", "hei"), 8: ("aug", "aoû", "ago", "sie", "srp", "elo"),
+    9: ("sep", "set", "wrz", "zář", "syy"), 10: ("oct", "okt", "ott", "out", "paź", "říj", "lok"),
+    11: ("nov", "lis", "mrr"), 12: ("dec", "déc", "dez", "dic", "gru", "pro", "jou"),
+}
+_MONTH_PREFIXES = sorted(((pre, m) for m, pres in MONTHS.items() for pre in pres), key=lambda x: -len(x[0]))
+
+
+def syslog_month(text: pl.Series) -> pl.Series:
+    """The month number of a syslog/journald date's month name, in any of the common locales (null if unknown)."""
+    name = text.str.extract(r"^([^\d\s.]+)", 1).str.to_lowercase()
+    out = pl.Series([None] * len(text), dtype=pl.Int64)
+    for pre, month in _MONTH_PREFIXES:
+        out = out.fill_null(pl.select(pl.when(name.str.starts_with(pre)).then(pl.lit(month))).to_series())
+    return out
+
+
+def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
+                   reference_is_start: bool = False) -> pl.DataFrame:
     """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch).
 
-    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name).
+    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name).  A
+    syslog date has no year: it is ``reference``'s year (the file's modification time, or the server's start
+    with ``reference_is_start``), one year less when that would put the line more than a day after the file was
+    last written (a log that began in December), one year more when it would put it before the start.
     """
     out = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     if "abs_raw" in ev.columns:
@@ -487,19 +531,20 @@ def parse_abs_time(ev: pl.DataFrame, *, year_hint: int, tz: str = "UTC") -> pl.D
         kind = raw.str.split_exact("|", 1).struct.field("field_0")
         val = raw.str.split_exact("|", 1).struct.field("field_1")
         iso = val.str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
-            r"([+-]\d\d)(\d\d)$", "$1:$2")
+            r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
         iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
         zoned = iso.str.contains(r"[+-]\d\d:\d\d$")
         iso_z = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
         iso_n = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="us") \
             .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
         iso_dt = pl.select(pl.when(zoned).then(iso_z).otherwise(iso_n)).to_series()
-        sys_dt = (pl.lit(str(year_hint)) + " " + val.str.replace(r"  ", " 0")).alias("x")
-        sys_dt = pl.select(sys_dt).to_series().str.to_datetime("%Y %b %d %H:%M:%S%.f", strict=False, time_unit="us") \
-            .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
+        sys_dt = _syslog_times(val.filter(kind == "syslog"), reference, tz, reference_is_start)
+        sys_full = pl.Series([None] * ev.height, dtype=pl.Datetime("us", "UTC")).scatter(
+            (kind == "syslog").arg_true(), sys_dt) if len(sys_dt) else pl.Series([None] * ev.height,
+                                                                                  dtype=pl.Datetime("us", "UTC"))
         ep_dt = epoch_to_dt(val)
         out = pl.select(
-            pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_dt).when(kind == "epoch").then(ep_dt)
+            pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_full).when(kind == "epoch").then(ep_dt)
         ).to_series().alias("abs_time")
     for col in ("epoch", "json_time"):
         if col in ev.columns:

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import random
+from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
@@ -347,7 +348,7 @@ def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("".join(f"Aug 23 12:00:{15 + i:02d} gpu1 llama-server[42]: {line}\n"
                            for i, line in enumerate(ERA5.splitlines())))
-    os.utime(log, (1_787_000_000, 1_787_000_000))  # mtime in 2026: the year of the syslog times
+    os.utime(log, (1_787_600_000, 1_787_600_000))  # written last on 2026-08-24: the year of the syslog times
     ingest(tmp_path / "utc", [log], run="r")
     ingest(tmp_path / "berlin", [log], run="r", tz="Europe/Berlin")
     utc = _requests(tmp_path / "utc").row(0, named=True)["t_start"]
@@ -414,3 +415,22 @@ def test_a_long_request_stays_one_request_however_the_log_is_cut(tmp_path: Path,
     assert slot0 == [(0, 30000, "context", True, True)]
     assert req.filter(pl.col("slot") == 1)["task"].to_list() == list(range(1, short + 1))
     assert req.filter(pl.col("slot") == 1)["gen_tokens"].to_list() == [50] * short
+
+
+def test_syslog_dates_in_any_locale_and_across_new_year(tmp_path: Path) -> None:
+    """journald prints month names in the system's locale, and a syslog date has no year: a log that began in
+    December and was last written in January has its December lines in the year before."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        "Dez 31 23:59:58 gpu1 llama-server[7]: slot launch_slot_: id  0 | task 1 | processing task\n"
+        "Jan 01 00:00:03 gpu1 llama-server[7]: slot      release: id  0 | task 1 | stop processing: n_past = 9, "
+        "truncated = 0\n"
+        "ago 05 17:27:04 gpu1 llama-server[7]: slot launch_slot_: id  0 | task 2 | processing task\n")
+    mtime = datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc).timestamp()
+    os.utime(log, (mtime, mtime))
+    ingest(tmp_path / "s", [log], run="r")
+    got = Store(tmp_path / "s").table("requests").sort("task").select("task", "t_start", "t_end").rows()
+    assert got == [(1, datetime(2025, 12, 31, 23, 59, 58, tzinfo=timezone.utc),
+                    datetime(2026, 1, 1, 0, 0, 3, tzinfo=timezone.utc)),
+                   (2, datetime(2025, 8, 5, 17, 27, 4, tzinfo=timezone.utc),
+                    datetime(2025, 8, 5, 17, 27, 4, tzinfo=timezone.utc))]
