@@ -47,7 +47,7 @@ class JsonWrapper:
 
 @dataclass(frozen=True)
 class Wrappers:
-    strip: dict[str, tuple[str, str]]  # name -> (regex, replacement)
+    strip: dict[str, tuple[str, str, str]]  # name -> (regex, replacement, a literal every line it changes holds)
     prefixes: tuple[Wrapper, ...]
     json: tuple[JsonWrapper, ...]
 
@@ -85,8 +85,7 @@ def load_wrappers() -> Wrappers:
                     tuple(j.get("level", ())), tuple(j.get("samples", ())))
         for j in data.get("json_wrapper", [])
     )
-    strip = {name: (v, "") if isinstance(v, str) else (v["regex"], v.get("replace", ""))
-             for name, v in data.get("strip", {}).items()}
+    strip = {name: (v["regex"], v.get("replace", ""), v.get("prefilter", "")) for name, v in data.get("strip", {}).items()}
     return Wrappers(strip, prefixes, jw)
 
 
@@ -174,6 +173,35 @@ def unquote(s: pl.Series) -> pl.Series:
     return pl.select(pl.when(quoted).then(inner).otherwise(s)).to_series()
 
 
+def ascii_digits(regex: str) -> str:
+    """``regex`` with ``\\d`` (any Unicode digit) written as the ASCII digits: log numbers are ASCII, and the
+    narrower class is faster (inside a class ``[\\d.]`` becomes ``[0-9.]``)."""
+    out, i, in_class = [], 0, False
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\" and i + 1 < len(regex):
+            pair = regex[i:i + 2]
+            out.append(("0-9" if in_class else "[0-9]") if pair == "\\d" else pair)
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            if regex[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if regex[i + 1:i + 2] == "]":  # a ] first in a class is a literal
+                out.append("]")
+                i += 1
+        elif ch == "]" and in_class:
+            in_class = False
+            out.append(ch)
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def elapsed_seconds(s: pl.Series) -> pl.Series:
     """`M.SS.mmm.uuu` (minutes not capped; the other parts always 2, 3 and 3 digits) to seconds.
 
@@ -198,7 +226,6 @@ class Unwrapper:
         heads += [j.detect.removeprefix("^") for j in wrappers.json]
         heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
         self.any_wrapper = "^(?:" + "|".join(f"(?:{h})" for h in heads) + ")"
-        self.strip_any = "|".join(f"(?:{p})" for p, _ in wrappers.strip.values())
 
     def __call__(self, raw: pl.Series) -> tuple[pl.Series, dict[str, pl.Series], set[str]]:
         text, seen = self._strip(raw)
@@ -221,10 +248,10 @@ class Unwrapper:
 
     def _strip(self, raw: pl.Series) -> tuple[pl.Series, set[str]]:
         seen: set[str] = set()
-        if not self.strip_any or not raw.str.contains(self.strip_any).any():
-            return raw, seen
         text = raw
-        for name, (pattern, replace) in self.wrappers.strip.items():
+        for name, (pattern, replace, literal) in self.wrappers.strip.items():
+            if literal and not text.str.contains(literal, literal=True).any():
+                continue  # the cheap test first: most logs hold no ANSI code and no markdown
             if text.str.contains(pattern).any():
                 text = text.str.replace_all(pattern, replace)
                 seen.add(name)
@@ -270,6 +297,17 @@ def _first_key(text: pl.Series, keys: tuple[str, ...]) -> pl.Series:
     return out
 
 
+class _Lines:
+    """What the chunk's lines turned out to be, beyond their kind: filled by the second pass."""
+
+    def __init__(self, n: int) -> None:
+        self.blank = np.zeros(n, dtype=bool)
+        self.indented = np.zeros(n, dtype=bool)
+        self.joined = np.zeros(n, dtype=bool)
+        self.cols: dict[str, pl.Series] = {}  # per-line frame and wrapper columns (full length)
+        self.seen: set[str] = set()
+
+
 class Framer:
     """Frames lines as JSON records, key=value records or text (frames.toml)."""
 
@@ -293,13 +331,6 @@ class Framer:
         for kv in self.frames.kv:
             body, tail, hit = self._kv(kv, text, record, body, tail, cols)
             record |= hit
-        if self.frames.text_prefix:
-            groups, rest = _prefix_extract(text, self.frames.text_prefix)
-            if groups["elapsed"].is_not_null().any() or groups["level"].is_not_null().any():
-                body = _when(record, body, rest)
-                cols["level"] = _when(record, cols["level"], groups["level"]) if "level" in cols else \
-                    _when(~record, groups["level"])
-                cols["elapsed"] = _when(~record, groups["elapsed"])
         blank = (body.fill_null("").str.strip_chars().str.len_bytes() == 0).to_numpy() & ~record
         return Framed(body.fill_null(""), record, tail, cols, blank, indented)
 
@@ -346,24 +377,30 @@ class Engine:
         self.fmt = fmt
         self.wrappers = wrappers or load_wrappers()
         self.unwrap = Unwrapper(self.wrappers)
-        self.framer = Framer(load_frames())
+        frames = load_frames()
+        self.framer = Framer(frames)
         self.fields = load_fields()
         self.kinds = fmt.kinds
         self.kind_index = {k.name: i for i, k in enumerate(self.kinds)}
+        # The elapsed/level prefix is matched by each text kind's own regex (one pass reads prefix and body).
         # `\d` means any Unicode digit to the regex engine; log numbers are ASCII, and [0-9] is faster.
-        self._fast = ["(?P<__k>)" + k.regex.replace(r"\d", "[0-9]") for k in self.kinds]
+        prefix = frames.text_prefix.removeprefix("^")
+        self._fast = [ascii_digits("(?P<__k>)" + ("^" + prefix + k.regex[1:] if k.frame == "text" and not k.bare
+                                                  else k.regex)) for k in self.kinds]
         # Kinds are tried in order, each on the rows no earlier kind claimed.  Specific kinds (all before the
         # catch-alls) match disjoint sets of lines (tests/test_formats.py checks it on every sample), so they
         # may be tried in any order without changing the result: the kinds frequent in an earlier chunk go
         # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
         self._hoistable = [not k.fallback for k in self.kinds]
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
-        fields_seen: dict[str, None] = {}
+        fields_seen: dict[str, None] = {"elapsed": None, "level": None}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
         self._field_rank = {f: i for i, f in enumerate(fields_seen)}
         self._is_multi = np.array([k.multiline for k in self.kinds] + [False])
         self._is_skip = np.array([k.skip for k in self.kinds] + [False])
+        # the first pass reads lines as they are: kinds that could match a line with a wrapper still on it wait
+        self._plain = np.array([k.frame == "text" and not k.fallback and not k.loose for k in self.kinds])
 
     # ------------------------------------------------------------------ classification
     def learn(self, res: ChunkResult) -> None:
@@ -381,15 +418,23 @@ class Engine:
 
     def classify(self, raw: pl.Series, first_line_no: int, carry: Carry,
                  order: tuple[int, ...] | None = None) -> ChunkResult:
-        """Classify one chunk's lines; ``order`` is the order to try the kinds in (default: ``self.order``)."""
+        """Classify one chunk's lines; ``order`` is the order to try the kinds in (default: ``self.order``).
+
+        Two passes: the specific text kinds on the lines as they are (a plain log is done there), then the
+        lines left are unwrapped, framed and tried with every kind.
+        """
         n = len(raw)
+        order = order if order is not None else self.order
         line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
-        text, wcols, seen = self.unwrap(raw)
-        fr = self.framer(text)
-        kind_of, pieces = self._match(fr, order if order is not None else self.order)
-        joined = self._reflow(fr, kind_of, pieces)
-        cont, skipped, cont_parsed = self._continuations(kind_of, fr, joined, carry)
-        unparsed_mask = (kind_of < 0) & ~fr.blank & ~cont
+        plain = Framed(raw, np.zeros(n, dtype=bool), pl.Series([None] * n, dtype=pl.String), {},
+                       np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        kind_of, pieces = self._match(plain, tuple(i for i in order if self._plain[i]))
+        rest = np.flatnonzero(kind_of < 0)
+        lines = _Lines(n)
+        if len(rest):
+            self._second_pass(raw, rest, order, kind_of, pieces, lines)
+        cont, skipped, cont_parsed = self._continuations(kind_of, lines, carry)
+        unparsed_mask = (kind_of < 0) & ~lines.blank & ~cont
         counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
         for ki, kind in enumerate(self.kinds):
             if kind.skip and counts[ki]:
@@ -398,14 +443,32 @@ class Engine:
         if len(recognised):
             carry.last_kind = self.kinds[kind_of[recognised[-1]]].name
         first_rec = int(recognised[0]) if len(recognised) else n
-        events = self._events(pieces, line_no, fr, wcols)
+        events = self._events(pieces, line_no, lines.cols)
         unp_idx = np.flatnonzero(unparsed_mask)
         unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
         parsed = int(counts[~self._is_skip[:-1]].sum()) + cont_parsed
         assert parsed + sum(skipped.values()) + len(unp_idx) == n, (parsed, skipped, len(unp_idx), n)
         return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
-                           wrappers_seen=seen, lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
+                           wrappers_seen=lines.seen, lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
                            last_kind=carry.last_kind if len(recognised) else None)
+
+    def _second_pass(self, raw: pl.Series, rest: np.ndarray, order: tuple[int, ...], kind_of: np.ndarray,
+                     pieces: list[pl.DataFrame], lines: _Lines) -> None:
+        """Unwrap, frame and classify the lines the first pass left (``rest``), into the chunk's arrays."""
+        whole = len(rest) == len(raw)
+        text, wcols, lines.seen = self.unwrap(raw if whole else raw.gather(rest))
+        fr = self.framer(text)
+        k2, p2 = self._match(fr, order)
+        adjacent = np.zeros(len(rest), dtype=bool)
+        adjacent[:-1] = rest[1:] == rest[:-1] + 1
+        joined = self._reflow(fr, k2, p2, adjacent)
+        kind_of[rest] = k2
+        pieces += [pc if whole else pc.with_columns(pl.Series("__row", rest[pc["__row"].to_numpy()])) for pc in p2]
+        lines.blank[rest], lines.indented[rest], lines.joined[rest] = fr.blank, fr.indented, joined
+        for name, col in (*fr.cols.items(), *wcols.items()):
+            if col is not None and col.null_count() < len(col):
+                lines.cols[name] = col if whole else pl.Series(name, [None] * len(raw), dtype=col.dtype).scatter(
+                    rest, col)
 
     def _match(self, fr: Framed, order: tuple[int, ...]) -> tuple[np.ndarray, list[pl.DataFrame]]:
         """Try the kinds in ``order``, each on the lines no earlier kind claimed; return each line's kind index
@@ -443,8 +506,9 @@ class Engine:
             hit_idx = idx[hit]
             claimed[hit_idx] = True
             kind_of[hit_idx] = ki
-            if not kind.skip:
-                pieces.append(self._piece(kind, ext.filter(pl.Series(hit)).drop("__k"), hit_idx, fr))
+            if not kind.skip:  # (a precise prefilter leaves nothing to filter out)
+                part = ext.drop("__k") if len(hit_idx) == len(idx) else ext.filter(pl.Series(hit)).drop("__k")
+                pieces.append(self._piece(kind, part, hit_idx, fr))
         return kind_of, pieces
 
     def _piece(self, kind: Kind, part: pl.DataFrame, rows: np.ndarray, fr: Framed) -> pl.DataFrame:
@@ -456,17 +520,18 @@ class Engine:
                                  pl.lit(kind.role, dtype=role_dtype()).alias("role"))
         return self._type(part)
 
-    def _reflow(self, fr: Framed, kind_of: np.ndarray, pieces: list[pl.DataFrame]) -> np.ndarray:
+    def _reflow(self, fr: Framed, kind_of: np.ndarray, pieces: list[pl.DataFrame], adjacent: np.ndarray) -> np.ndarray:
         """Re-join lines that a paste or a terminal wrapped: a line only a catch-all (or nothing) took, followed by
         an unknown line, is tried once more joined with it; when a specific kind matches the two, the first line
-        is that kind and the second its continuation.  Returns the mask of those second lines."""
+        is that kind and the second its continuation.  Returns the mask of those second lines.  ``adjacent``: a
+        row and the next one are consecutive lines of the file."""
         n = len(kind_of)
         joined = np.zeros(n, dtype=bool)
         if n < 2:
             return joined
         weak = np.array([k.fallback for k in self.kinds] + [True])[kind_of]  # -1 (no kind) indexes the last
         free = (kind_of < 0) & ~fr.blank & ~fr.record
-        cand = np.flatnonzero(weak[:-1] & ~fr.blank[:-1] & ~fr.record[:-1] & free[1:])
+        cand = np.flatnonzero(weak[:-1] & ~fr.blank[:-1] & ~fr.record[:-1] & free[1:] & adjacent[:-1])
         if not len(cand):
             return joined
         text = fr.body.gather(cand) + " " + fr.body.gather(cand + 1)
@@ -484,28 +549,25 @@ class Engine:
         joined[rows + 1] = True
         return joined
 
-    def _continuations(self, kind_of: np.ndarray, fr: Framed, joined: np.ndarray,
-                       carry: Carry) -> tuple[np.ndarray, Counter, int]:
+    def _continuations(self, kind_of: np.ndarray, lines: _Lines, carry: Carry) -> tuple[np.ndarray, Counter, int]:
         """Unrecognised lines after a multi-line record (or indented, or the wrapped half of a re-joined line)
         belong to the record before them (integer kind codes, no loop per line)."""
         n = len(kind_of)
-        blank = fr.blank
         skipped: Counter = Counter()
-        skipped[BLANK] = int(blank.sum())
+        skipped[BLANK] = int(lines.blank.sum())
         carry_code = self.kind_index.get(carry.last_kind, -1) if carry.last_kind is not None else -1
         codes = np.concatenate([[carry_code], kind_of])
         pos = np.where(codes >= 0, np.arange(n + 1), 0)
         np.maximum.accumulate(pos, out=pos)
         ff = codes[pos][:-1]  # the latest recognised kind before each line (or the carried one)
         ff = np.where((pos[:-1] == 0) & (codes[0] < 0), -1, ff)
-        cont = (kind_of < 0) & ~blank & (self._is_multi[ff] | (fr.indented & (ff >= 0)) | joined)
+        cont = (kind_of < 0) & ~lines.blank & (self._is_multi[ff] | (lines.indented & (ff >= 0)) | lines.joined)
         cont_skip = cont & self._is_skip[ff]
         for code, count in zip(*np.unique(ff[cont_skip], return_counts=True), strict=True):
             skipped[self.kinds[code].name] += int(count)
         return cont, skipped, int(cont.sum() - cont_skip.sum())
 
-    def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, fr: Framed,
-                wcols: dict[str, pl.Series]) -> pl.DataFrame:
+    def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, cols: dict[str, pl.Series]) -> pl.DataFrame:
         """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""
         events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
             {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype()),
@@ -515,8 +577,8 @@ class Engine:
         events = events.sort("__row")
         rows = events["__row"].to_numpy()
         base = {"line_no": line_no.gather(rows)}
-        for name, series in (*fr.cols.items(), *wcols.items()):
-            if series is not None and not name.startswith("__"):
+        for name, series in cols.items():
+            if not name.startswith("__"):
                 base[name] = series.gather(rows)
         base_df = pl.DataFrame(base)
         # a wrapper group and a kind field of the same name (syslog `host` vs the listen line's `host`): the
@@ -529,6 +591,8 @@ class Engine:
         events = pl.concat([base_df, events.drop("__row")], how="horizontal")
         if "elapsed" in events.columns:
             events = events.with_columns(elapsed_seconds(events["elapsed"])).drop("elapsed")
+        if "level" in events.columns and events["level"].null_count() == events.height:
+            events = events.drop("level")
         if "frame_time" in events.columns:  # a key=value frame's own time (ollama), as a wrapper time
             raw = events["frame_time"]
             events = events.with_columns((pl.coalesce("abs_raw", raw) if "abs_raw" in events.columns else raw)
@@ -554,15 +618,20 @@ class Engine:
         res.lead = 0
 
     def _type(self, part: pl.DataFrame) -> pl.DataFrame:
+        """Cast each field to its declared type: numbers first as they are (a regex group holds only the number),
+        and only where that gave nothing, once more without surrounding spaces (a record's "12 " or " 12")."""
         exprs = []
         for col in part.columns:
             spec = self.fields.get(col)
             if col in {"__row", "kind", "role"} or spec is None:
                 continue
+            c = pl.col(col)
             if spec.type == "bool":
-                exprs.append(pl.col(col).str.strip_chars().str.to_lowercase().is_in(["1", "true"]).alias(col))
-            elif spec.type == "str":
-                exprs.append(pl.col(col).cast(pl.String))
+                exprs.append(c.str.strip_chars().str.to_lowercase().is_in(["1", "true"]).alias(col))
+            elif spec.type == "str":  # trailing spaces are a log store's, not the line's meaning
+                exprs.append(pl.when(c.str.ends_with(" ")).then(c.str.strip_chars_end()).otherwise(c).alias(col))
             else:
-                exprs.append(pl.col(col).str.strip_chars().cast(DTYPES[spec.type], strict=False))
+                dtype = DTYPES[spec.type]
+                exprs.append(pl.coalesce(c.cast(dtype, strict=False), c.str.strip_chars().cast(dtype, strict=False))
+                             .alias(col))
         return part.with_columns(exprs) if exprs else part

@@ -146,29 +146,40 @@ class ReadState:
 
 
 def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
-    """Turn a block of whole lines (ending in newline) into a string series without terminators."""
-    starts = np.empty(len(nl), dtype=np.int64)
-    starts[0] = 0
-    starts[1:] = nl[:-1] + 1
-    try:
-        block.decode("utf-8")
-        valid = True
-    except UnicodeDecodeError:
-        valid = False
-    if valid and len(block) < 2**31 - 1:
-        offsets = np.empty(len(nl) + 1, dtype=np.int32)
-        offsets[:-1] = starts
-        offsets[-1] = len(block)
-        arr = pa.StringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(block))
-        s = pl.Series("line", arr)
+    """Turn a block of whole lines (each ending in a newline) into a string series without their terminators.
+
+    The newlines (and a CR before one: CRLF) are cut out of the bytes in one numpy pass and the rest handed to
+    Arrow as the strings' buffer, so no string is copied one by one.  Invalid UTF-8 is replaced (U+FFFD); a
+    leading CR stays for the parser to see.
+    """
+    data = np.frombuffer(block, dtype=np.uint8)
+    term = nl.copy()  # where each line's terminator starts: its newline, or the CR before it (CRLF)
+    crlf = (nl > 0) & (data[np.maximum(nl - 1, 0)] == 13)
+    if crlf.any():
+        term[crlf] -= 1
+        cut = np.sort(np.concatenate([nl, term[crlf]]))
     else:
-        text = block.decode("utf-8", errors="replace")
-        parts = text.split("\n")
-        if parts and parts[-1] == "":
-            parts.pop()
-        s = pl.Series("line", [p + "\n" for p in parts], dtype=pl.String)
-    # Drop the newline and a CR before it (CRLF); keep leading CRs for the parser to see.
-    return s.str.strip_suffix("\n").str.strip_suffix("\r")
+        cut = nl
+    ends = term - np.searchsorted(cut, term, side="left")  # each line's end once the cut bytes are gone
+    body = np.delete(data, cut)
+    if (body >= 0x80).any():  # not plain ASCII: check it, and replace what is not UTF-8
+        try:
+            body.tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return _to_series_replacing(block)
+    offsets = np.empty(len(nl) + 1, dtype=np.int64)
+    offsets[0] = 0
+    offsets[1:] = ends
+    arr = pa.LargeStringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(body))
+    return pl.Series("line", arr, dtype=pl.String)
+
+
+def _to_series_replacing(block: bytes) -> pl.Series:
+    text = block.decode("utf-8", errors="replace")
+    parts = text.split("\n")
+    if parts and parts[-1] == "":
+        parts.pop()
+    return pl.Series("line", [p[:-1] if p.endswith("\r") else p for p in parts], dtype=pl.String)
 
 
 def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,

@@ -70,6 +70,8 @@ class Kind:
     inherit: str | None = None  # take slot/task from the latest line of this kind (era-4 timing block)
     inherit_next: str | None = None  # take slot/task from the next line of this kind (era-2 timings)
     exclude: str = ""  # a line the regex matches is not this kind when this regex also matches (no look-arounds)
+    bare: bool = False  # text kinds: the regex covers the whole line (no elapsed/level prefix is put before it)
+    loose: bool = False  # the regex may match text after a wrapper: tried only once wrappers are removed
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
     if "regex" not in raw:
         raise FormatDefinitionError(f"{where} has no regex", path=str(path))
     regex = expand(raw["regex"], macros)
+    if not regex.startswith("^"):
+        raise FormatDefinitionError(f"{where} regex is not anchored at the start (^)", path=str(path))
     for pattern in (regex, raw.get("exclude", "")):
         _compiles(pattern, where, path)
     groups = tuple(dict.fromkeys(_GROUP.findall(regex)))
@@ -161,7 +165,7 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
         fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
         multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
         boundary=bool(raw.get("boundary", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
-        exclude=raw.get("exclude", ""),
+        exclude=raw.get("exclude", ""), bare=bool(raw.get("bare", False)), loose=bool(raw.get("loose", False)),
     )
 
 

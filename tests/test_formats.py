@@ -176,3 +176,20 @@ def test_kind_order_does_not_change_the_result(path: Path) -> None:
         assert res.events.equals(in_file_order.events)
         assert res.unparsed.equals(in_file_order.unparsed)
         assert (res.parsed, dict(res.skipped)) == (in_file_order.parsed, dict(in_file_order.skipped))
+
+
+def test_no_first_pass_kind_matches_a_wrapped_line() -> None:
+    """Lines are first read as they are, with the kinds that cannot match a line still wearing a wrapper (the
+    others are `loose`); a wrapped line must be left for the second pass, which keeps what the wrapper says.
+    Every wrapper sample, and every specific kind's sample behind every prefix wrapper, goes to the second pass."""
+    wrappers = load_wrappers().prefixes
+    prefixes = [w.samples[0][: len(w.samples[0]) - len(ENGINE.unwrap(pl.Series([w.samples[0]]))[0][0])]
+                for w in wrappers if "(?P<inner>" not in w.regex]
+    plain = [i for i in range(len(GRAMMAR.kinds)) if ENGINE._plain[i]]
+    taken = []
+    for i in plain:
+        for w in wrappers:
+            taken += [(GRAMMAR.kinds[i].name, s) for s in w.samples if re.search(ENGINE._fast[i], s)]
+        for sample in GRAMMAR.kinds[i].samples:
+            taken += [(GRAMMAR.kinds[i].name, p) for p in prefixes if re.search(ENGINE._fast[i], p + sample)]
+    assert taken == []

@@ -130,3 +130,21 @@ def test_http_lines_tied_first_in_first_out(data: st.DataObject) -> None:
     got = match_http(req, http)
     assert got.height == req.height
     assert list(zip(got["http_status"], got["http_path"], strict=True)) == _match_http_one_line_at_a_time(req, http)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       st.lists(st.booleans(), max_size=30))
+def test_lines_split_like_the_text_reading_of_them(lines: list[bytes], crlf: list[bool]) -> None:
+    """The bytes-to-lines split (newlines and a CR before one cut out in bulk) gives exactly the lines a text
+    reader gives: invalid UTF-8 replaced, a leading CR kept."""
+    import numpy as np
+
+    from parsers.reader import _to_series
+
+    if not lines:
+        return
+    block = b"".join(ln + (b"\r\n" if i < len(crlf) and crlf[i] else b"\n") for i, ln in enumerate(lines))
+    nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+    expected = [p[:-1] if p.endswith("\r") else p for p in block.decode("utf-8", errors="replace").split("\n")[:-1]]
+    assert _to_series(block, nl).to_list() == expected
