@@ -581,8 +581,7 @@ class Ingestor:
         if ev.height == 0:
             return ev
         label = self._label(path, "")
-        ev = ev.with_columns(instance_name(label).alias("instance"), pl.lit(str(path)).alias("path"),
-                             pl.col("line_no").alias("seq_global"))
+        ev = ev.with_columns(instance_name(label).alias("instance"), pl.lit(str(path)).alias("path"))
         if "abs_time" in ev.columns:
             ev = ev.rename({"abs_time": "ts"})
         drop = [c for c in ("ikey", "instance_no", "abs_raw", "json_time", "json_level", "router_port_raw") if c in ev.columns]

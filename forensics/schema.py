@@ -79,7 +79,6 @@ EVENTS_BASE = [
     Column("level", STR, "level letter or word when logged (I, W, E, D, INFO, ...)"),
     Column("elapsed_s", F64, "seconds since the process started, when the line carries elapsed time"),
     Column("ts", TS, "absolute time when known"),
-    Column("seq_global", I64, "order of the event in the file (line order)"),
     Column("host_wrapper", STR, "host name from a syslog/journald wrapper"),
 ]
 
