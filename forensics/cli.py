@@ -25,7 +25,7 @@ from forensics.errors import ExitCode, ForensicsError, InternalError, bug_bounda
 from forensics.paths import default_store_path
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
-COMMAND_MODULES = ("core", "replay", "findings", "throughput", "generate", "check", "demo")
+COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "generate", "check", "demo")
 
 
 def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,8 +52,12 @@ class ForensicsGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with bug_boundary(passthrough=(click.exceptions.Exit, click.ClickException, click.exceptions.Abort)):
+            with bug_boundary(passthrough=(click.exceptions.Exit, click.ClickException, click.exceptions.Abort,
+                                           BrokenPipeError)):
                 return super().invoke(ctx)
+        except BrokenPipeError:  # the reader stopped reading (`| head`): not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
         except ForensicsError as exc:
             if isinstance(exc, InternalError) and ((ctx.obj or {}).get("debug") or os.environ.get("FORENSICS_DEBUG")):
                 traceback.print_exception(exc.__cause__ or exc)
@@ -70,6 +74,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
     \b
     forensics ingest logs/            read logs and replay records into the store
+    forensics verdict                 what went wrong in each run, and what to change
     forensics summary                 what the store holds
     forensics deadslots run-42        slots that went bad and stayed bad
     forensics runaways run-42         outputs that ran away

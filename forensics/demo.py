@@ -18,6 +18,7 @@ from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
 from forensics.ingest import ingest, summary
 from forensics.store import Store
+from forensics.verdict import verdict
 
 
 @dataclass
@@ -25,6 +26,7 @@ class DemoResult:
     store: Path
     sections: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    verdict: list[str] = field(default_factory=list)  # one paragraph per run
 
 
 MARKER = ".forensics-demo"  # written into the folder a demo makes: only such a folder is ever replaced
@@ -60,6 +62,7 @@ def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -
     echo(f"demo: ingested {len(res.files)} files, {t['lines']} lines, {t['requests']} requests into {store_dir}")
     store = Store(store_dir)
     result = DemoResult(store_dir)
+    result.verdict = [v.paragraph() for v in verdict(store)]
     result.sections.append(("requests per run", summary(store)["requests"]))
     result.sections.append(("dead slots", findings.find_dead_slots(store)))
     result.sections.append(("runaways", findings.find_runaways(store)))

@@ -467,6 +467,36 @@ def recommend_cap(store: Store, runs: str | list[str] | None = None, *, margin: 
                      pl.DataFrame(whatif, schema=WHATIF_SCHEMA, orient="row"), warnings)
 
 
+CAPS_SCHEMA = {"run": pl.String, "cap": pl.Int64, "capped": pl.Boolean, "normal": pl.Int64, "normal_min": pl.Int64,
+               "normal_max": pl.Int64, "runaways": pl.Int64, "runaway_min": pl.Int64, "runaway_max": pl.Int64,
+               "runaways_stopped": pl.Int64, "normal_cut": pl.Int64}
+
+
+def caps_by_run(store: Store, runs: str | list[str] | None = None, *, margin: float = 0.2,
+                **overrides: float | int | None) -> pl.DataFrame:
+    """``recommend_cap``'s cap for each run on its own (the same rule: ``round_cap`` of the run's longest normal
+    response), with what it would have done there: runaways stopped, normal responses cut, and whether the
+    logs show a cap in force (``capped``)."""
+    th = thresholds(**overrides)
+    with _session(store, runs) as s:
+        run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
+        s.con.register("fx_runaways", ArrowStream(run_df))
+        df = _run_query(s.con, "cap", {})
+    rows = []
+    for (run,), part in df.group_by("run", maintain_order=True):
+        normal = part.filter(pl.col("normal"))["gen_tokens"]
+        ran = part.filter(pl.col("runaway"))["gen_tokens"]
+        cap = round_cap(int(normal.max()), margin) if normal.len() else None  # type: ignore[arg-type]
+        rows.append({
+            "run": run, "cap": cap, "capped": bool((part["n_predict"].fill_null(-1) > 0).any()),
+            "normal": normal.len(), "normal_min": normal.min(), "normal_max": normal.max(), "runaways": ran.len(),
+            "runaway_min": ran.min(), "runaway_max": ran.max(),
+            "runaways_stopped": int((ran > cap).sum()) if cap is not None else None,
+            "normal_cut": int((normal >= cap).sum()) if cap is not None else None,
+        })
+    return pl.DataFrame(rows, schema=CAPS_SCHEMA, orient="row")
+
+
 def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:
     row = con.execute("SELECT count(*) FROM attempts WHERE run IN (SELECT unnest(?)) AND max_tokens > 0",
                       [runs]).fetchone()

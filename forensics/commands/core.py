@@ -102,21 +102,32 @@ def register(cli: click.Group) -> None:
     @cli_mod.format_option
     @cli_mod.store_option
     def summary(fmt: str, store_path: Path | None) -> None:
-        """What the store holds: files, instances, and requests per run."""
+        """The verdict on each run first, then what the store holds: files, instances, and requests per run."""
+        import json
+
+        import polars as pl
+
         from forensics import ingest as ingest_mod
-        from forensics.render import render
+        from forensics.render import render, to_json
         from forensics.store import Store
+        from forensics.verdict import verdict
 
         store = Store(cli_mod.resolve_store(store_path))
+        verdicts = verdict(store)
         parts = ingest_mod.summary(store)
         if fmt == "json":
-            import json
-
-            from forensics.render import to_json
-
-            sys.stdout.write("{" + ",".join(f'"{k}": {to_json(v)}' for k, v in parts.items()) + "}\n")
-            json  # noqa: B018
+            body = [f'"verdict": {json.dumps([v.as_dict() for v in verdicts], ensure_ascii=False, default=str)}']
+            body += [f'"{k}": {to_json(v)}' for k, v in parts.items()]
+            sys.stdout.write("{" + ",".join(body) + "}\n")
             return
+        if fmt == "table":
+            click.echo("# verdict")
+            for v in verdicts:
+                click.echo(v.paragraph())
+            click.echo("")
+        else:
+            render(pl.DataFrame({"run": [v.run for v in verdicts], "healthy": [v.healthy for v in verdicts],
+                                 "verdict": [v.paragraph(evidence=False) for v in verdicts]}), fmt, sys.stdout)
         for name, df in parts.items():
             if fmt == "table":
                 click.echo(f"# {name}")

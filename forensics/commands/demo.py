@@ -19,6 +19,10 @@ def register(cli: click.Group) -> None:
         from forensics.render import render
 
         result = demo_mod.run_demo(out, seed=seed, echo=lambda m: click.echo(m, err=True))
+        click.echo("# verdict")
+        for paragraph in result.verdict:
+            click.echo(paragraph)
+        click.echo("")
         for title, df in result.sections:
             click.echo(f"# {title}")
             render(df, "table", sys.stdout)

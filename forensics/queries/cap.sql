@@ -7,7 +7,7 @@
 -- cap and the what-if table from these rows (in slot order: the sums come out the same each time; only
 -- the columns it reads, to keep a million rows cheap to hand over).
 -- Parameters: none.  Relations: fx_requests (the requests of the chosen runs), fx_runaways.
-SELECT r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
+SELECT r.run, r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
        r.n_predict,
        x.task IS NOT NULL AS runaway,
        (r.clean AND x.task IS NULL) AS normal,

@@ -1,0 +1,297 @@
+"""The verdict on a run: what went wrong and what to change, in a few sentences written from the findings.
+
+Each sentence is a ``Fact`` built from one finding (``forensics.findings`` and the replay ``items`` table) and
+nothing else, with the evidence to read (``path:line`` ranges) and its numbers as fields, so that the CLI,
+the report, the demo and ``--format json`` say the same thing.  A healthy run gets one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from forensics import findings
+from forensics.store import Store, fetch_pl
+
+
+@dataclass
+class Fact:
+    kind: str  # dead_slot, crash, runaway, prompt_over_context, missing, failed, cap, healthy
+    sentence: str
+    evidence: list[str] = field(default_factory=list)  # "path:first-last" of the lines that show it
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunVerdict:
+    run: str
+    requests: int
+    facts: list[Fact]
+
+    @property
+    def healthy(self) -> bool:
+        return all(f.kind == "healthy" for f in self.facts)
+
+    def paragraph(self, *, evidence: bool = True) -> str:
+        """The run's verdict as text: ``run: sentence [where] sentence ...``."""
+        return f"{self.run}: " + " ".join(f.sentence + (_short(f.evidence) if evidence else "") for f in self.facts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "requests": self.requests, "healthy": self.healthy,
+                "facts": [{"kind": f.kind, "sentence": f.sentence, "evidence": f.evidence, **f.fields}
+                          for f in self.facts]}
+
+
+def _short(evidence: list[str], limit: int = 3) -> str:
+    """``[main.log:75-493, 495-603, backup.log:7-49, +2]``: the file named once, its line ranges after it."""
+    if not evidence:
+        return ""
+    out, last = [], None
+    for spot in evidence[:limit]:
+        path, _, lines = spot.rpartition(":")
+        name = path.replace("\\", "/").rsplit("/", 1)[-1]
+        out.append(f"{name}:{lines}" if name != last else lines)
+        last = name
+    more = f", +{len(evidence) - limit}" if len(evidence) > limit else ""
+    return f" [{', '.join(out)}{more}]"
+
+
+def _span(lo: Any, hi: Any, unit: str = "") -> str:
+    if lo is None:
+        return "?"
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def _names(values: list[Any], limit: int = 6) -> str:
+    vals = [str(v) for v in dict.fromkeys(values) if v is not None]
+    return ", ".join(vals[:limit]) + (f" and {len(vals) - limit} more" if len(vals) > limit else "")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _when(text: Any) -> str:
+    """A finding's time as a reader wants it: the clock time of an ISO timestamp, else as given."""
+    s = str(text)
+    if len(s) >= 19 and s[10] == "T":
+        return f"at {s[11:19]}"
+    if s.startswith("line "):
+        return f"at {s}"
+    if s.endswith("s") and s[:-1].replace(".", "", 1).isdigit():  # the server's own clock (seconds since start)
+        return f"{float(s[:-1]):.1f} s after the server started"
+    return f"at {s}" if not s.startswith("seq") else f"at request {s.removeprefix('seq ')} on the slot"
+
+
+class _Locations:
+    """Where each request's lines are: path and line range, from the requests table."""
+
+    def __init__(self, store: Store, runs: list[str]) -> None:
+        con = store.connect(tables=["requests"])
+        try:
+            self.df = fetch_pl(con, "SELECT run, instance, slot, task, path, line_first, line_last, gen_tokens, "
+                                    "stop_reason FROM requests WHERE list_contains($runs, run)", {"runs": runs})
+        finally:
+            con.close()
+
+    def of(self, keys: pl.DataFrame) -> list[str]:
+        if keys.height == 0:
+            return []
+        got = keys.select("run", "instance", "slot", "task").join(
+            self.df, on=["run", "instance", "slot", "task"], how="left", maintain_order="left")
+        return [f"{p}:{a}-{b}" if a != b else f"{p}:{a}"
+                for p, a, b in got.select("path", "line_first", "line_last").iter_rows() if p is not None]
+
+
+def _dead_slots(run: str, dead: findings.DeadSlotReport, items: pl.DataFrame, loc: _Locations) -> list[Fact]:
+    out = []
+    for s in dead.slots.filter(pl.col("run") == run).iter_rows(named=True):
+        seq = dead.sequence.filter((pl.col("run") == run) & (pl.col("instance") == s["instance"])
+                                   & (pl.col("slot") == s["slot"]))
+        after = seq.filter(pl.col("seq") >= s["seq"])
+        bad = after.filter(pl.col("abnormal"))
+        first = after.row(0, named=True)
+        on = f" on {first['item']}/{first['stage']}" if first.get("item") is not None else ""
+        detail = _detail(bad, seq.filter(~pl.col("abnormal")))
+        lost = _lost(run, after, items)
+        tail = f", {_plural(len(lost), 'item')} lost ({_names(lost)})" if lost else ""
+        rec = "recovered" if s["recovered"] else "never recovered"
+        sentence = (f"Slot {s['slot']} of `{s['instance']}` died {_when(s['dead_from'])}{on} and {rec}: "
+                    f"{_symptoms(bad)}{detail}{tail}.")
+        out.append(Fact("dead_slot", sentence, loc.of(bad.with_columns(pl.lit(run).alias("run"))),
+                        {"instance": s["instance"], "slot": s["slot"], "dead_from": s["dead_from"],
+                         "requests_affected": bad.height, "items_lost": lost, "recovered": s["recovered"]}))
+    return out
+
+
+# What each reason a request was abnormal (deadslots.sql's `why`) looks like to a reader, most telling first.
+SYMPTOMS = (("context", "ran to the context"), ("runaway", "ran away"), ("few_tokens", "gave next to no output"),
+            ("same_error", "failed the same way"), ("slow", "ran abnormally slowly"), ("long", "ran abnormally long"))
+
+
+def _symptoms(bad: pl.DataFrame) -> str:
+    """``12 requests ran to the context``, or for a mix ``5 requests went wrong (1 ran away, 4 gave next to no
+    output)``: each abnormal request counted once, under its most telling reason."""
+    counts: dict[str, int] = {}
+    for why in bad["why"].fill_null("").to_list():
+        label = next((text for key, text in SYMPTOMS if key in why), "was abnormal")
+        counts[label] = counts.get(label, 0) + 1
+    if len(counts) == 1:
+        return f"{_plural(bad.height, 'request')} {next(iter(counts))}"
+    mix = ", ".join(f"{n} {label}" for label, n in counts.items())
+    return f"{_plural(bad.height, 'request')} went wrong: {mix}"
+
+
+def _detail(bad: pl.DataFrame, normal: pl.DataFrame) -> str:
+    """The numbers that show it: seconds when the requests were slow, generated tokens otherwise."""
+    slow = all(w and ("slow" in w or "long" in w) and "runaway" not in w for w in bad["why"].fill_null("").to_list())
+    col, unit = ("seconds", " s") if slow else ("gen_tokens", " tokens")
+    got, usual = bad[col].drop_nulls(), normal[col].drop_nulls()
+    if not got.len() or not usual.len():
+        return ""
+    fmt = (lambda v: f"{v:.1f}") if slow else (lambda v: str(v))
+    return f" ({_span(fmt(got.min()), fmt(got.max()))}{unit} vs {_span(fmt(usual.min()), fmt(usual.max()))} normal)"
+
+
+def _lost(run: str, rows: pl.DataFrame, items: pl.DataFrame) -> list[str]:
+    if items.height == 0 or "item" not in rows.columns:
+        return []
+    lost = set(items.filter(pl.col("run") == run)["item"].to_list())
+    return [it for it in rows["item"].to_list() if it in lost]
+
+
+def _runaways(run: str, runaways: pl.DataFrame, dead_keys: set[tuple[Any, ...]], loc: _Locations) -> list[Fact]:
+    mine = runaways.filter(pl.col("run") == run)
+    mine = mine.filter(~pl.struct("instance", "slot", "task").map_elements(
+        lambda r: (r["instance"], r["slot"], r["task"]) in dead_keys, return_dtype=pl.Boolean)) if dead_keys else mine
+    if mine.height == 0:
+        return []
+    toks, normal = mine["gen_tokens"], mine["normal_tokens"]
+    why = "ran to the context" if mine["why"].str.contains("context").any() else "ran far longer than normal"
+    sentence = (f"{_plural(mine.height, 'output')} {why} ({_span(toks.min(), toks.max())} tokens where normal "
+                f"responses stay under {normal.max()}).")
+    return [Fact("runaway", sentence, loc.of(mine), {"runaways": mine.height, "tokens_min": toks.min(),
+                                                      "tokens_max": toks.max()})]
+
+
+def _crashes(run: str, errors: pl.DataFrame) -> list[Fact]:
+    out = []
+    for r in errors.filter((pl.col("run") == run) & (pl.col("kind") == "crash")).iter_rows(named=True):
+        flight = f" with {r['in_flight']} in flight" if r["in_flight"] else ""
+        out.append(Fact("crash", f"The server crashed {_when(r['first'])}{flight}: {r['example'][:160]}.",
+                        r["evidence"].split(", ") if r["evidence"] else [], {"crashes": r["count"]}))
+    return out
+
+
+def _over(run: str, over: pl.DataFrame) -> list[Fact]:
+    mine = over.filter(pl.col("run") == run)
+    if mine.height == 0:
+        return []
+    sentence = (f"{_plural(mine.height, 'prompt')} did not fit the slot's context "
+                f"({_span(mine['prompt_tokens'].min(), mine['prompt_tokens'].max())} tokens for "
+                f"{_span(mine['ctx_slot'].min(), mine['ctx_slot'].max())}): shorten "
+                f"{'it' if mine.height == 1 else 'them'} or raise -c.")
+    return [Fact("prompt_over_context", sentence, mine["evidence"].to_list(), {"prompts": mine.height})]
+
+
+def _missing(run: str, items: pl.DataFrame, told: set[str]) -> list[Fact]:
+    mine = items.filter(pl.col("run") == run)
+    rest = [it for it in dict.fromkeys(mine["item"].to_list()) if it not in told]
+    if not rest:
+        return []
+    sentence = f"{_plural(len(rest), 'item')} did not finish ({_names(rest)}): see `forensics missing {run}`."
+    return [Fact("missing", sentence, [], {"items_missing": rest})]
+
+
+def _cap(cap: dict[str, Any] | None, stoppable: int) -> list[Fact]:
+    if cap is None or cap["cap"] is None or not cap["runaways"]:
+        return []
+    set_ = "An output cap was in force" if cap["capped"] else "No output cap was set"
+    touched = "touched no normal response" if not cap["normal_cut"] else \
+        f"cut {_plural(cap['normal_cut'], 'normal response')}"
+    n = cap["runaways_stopped"]
+    which = ("the runaway" if n == 1 else "both runaways" if n == 2 else f"all {n} runaways") if n == stoppable \
+        else f"{n} of the {stoppable} runaways"
+    sentence = f"{set_}; a cap of {cap['cap']} would have stopped {which} and {touched}."
+    return [Fact("cap", sentence, [], {k: cap[k] for k in ("cap", "capped", "runaways_stopped", "normal_cut")})]
+
+
+def verdict(store: Store, runs: str | list[str] | None = None) -> list[RunVerdict]:
+    """One verdict per run (all runs when none are given), from the findings."""
+    dead = findings.dead_slot_report(store, runs)  # type: ignore[arg-type]
+    names = _run_names(store, runs)
+    runaways = findings.find_runaways(store, runs)  # type: ignore[arg-type]
+    over = findings.find_prompt_over_context(store, runs)  # type: ignore[arg-type]
+    errors = findings.error_groups(store, names)  # type: ignore[arg-type]
+    caps = {r["run"]: r for r in findings.caps_by_run(store, runs).iter_rows(named=True)}
+    items = _missing_items(store, names)
+    ends = _run_ends(store, names)
+    loc = _Locations(store, names)
+    counts = dict(loc.df.group_by("run").len().iter_rows())
+    failed = dict(loc.df.filter(pl.col("stop_reason") == "error").group_by("run").len().iter_rows())
+    out = []
+    for run in names:
+        facts = _dead_slots(run, dead, items, loc) + _crashes(run, errors)
+        dead_keys = {(r["instance"], r["slot"], r["task"]) for r in dead.sequence.filter(
+            (pl.col("run") == run) & pl.col("abnormal")).iter_rows(named=True)}
+        facts += _runaways(run, runaways, dead_keys, loc) + _over(run, over)
+        told = {it for f in facts for it in f.fields.get("items_lost", [])}
+        facts += _missing(run, items, told)
+        if failed.get(run) and not any(f.kind in ("dead_slot", "crash") for f in facts):
+            facts.append(Fact("failed", f"{_plural(failed[run], 'request')} failed: see `forensics errors {run}`.",
+                              [], {"failed": failed[run]}))
+        stoppable = runaways.filter(pl.col("run") == run).height
+        facts += _cap(caps.get(run), stoppable) + _ended(ends.get(run))
+        if not facts or all(f.kind == "cap" for f in facts):
+            facts = [_healthy(run, loc.df, counts.get(run, 0))]
+        out.append(RunVerdict(run, counts.get(run, 0), facts))
+    return out
+
+
+def _ended(end: dict[str, Any] | None) -> list[Fact]:
+    """How the run ended, when its harness says it did not complete (killed by a watchdog, crashed)."""
+    if end is None or end["ended_how"] in (None, "completed", "unknown"):
+        return []
+    detail = f": {end['ended_detail']}" if end["ended_detail"] else ""
+    return [Fact("ended", f"The run did not complete ({end['ended_how']}{detail}).", [],
+                 {"ended_how": end["ended_how"], "ended_detail": end["ended_detail"]})]
+
+
+def _run_ends(store: Store, runs: list[str]) -> dict[str, dict[str, Any]]:
+    con = store.connect(tables=["runs"])
+    try:
+        df = fetch_pl(con, "SELECT run, any_value(ended_how) AS ended_how, any_value(ended_detail) AS ended_detail "
+                           "FROM runs WHERE list_contains($runs, run) GROUP BY run", {"runs": runs})
+    finally:
+        con.close()
+    return {r["run"]: r for r in df.iter_rows(named=True)}
+
+
+def _healthy(run: str, df: pl.DataFrame, n: int) -> Fact:
+    mine = df.filter(pl.col("run") == run)
+    slots = mine.select("instance", "slot").unique().height
+    where = f" on {_plural(slots, 'slot')}" if slots else ""
+    text = f"{_plural(n, 'request')}{where}, nothing abnormal found." if n else \
+        "no server requests in the store for this run (replay records only)."
+    return Fact("healthy", text, [], {"requests": n})
+
+
+def _run_names(store: Store, runs: str | list[str] | None) -> list[str]:
+    con = store.connect(tables=[])
+    try:
+        return findings._resolve(con, runs, store)
+    finally:
+        con.close()
+
+
+def _missing_items(store: Store, runs: list[str]) -> pl.DataFrame:
+    """Expected items that did not finish ok, from the replay ``items`` table (its rules decide what is
+    expected of each stage)."""
+    con = store.connect(tables=["items"])
+    try:
+        return fetch_pl(con, "SELECT run, item, stage FROM items WHERE list_contains($runs, run) "
+                             "AND NOT coalesce(done, false) ORDER BY run, item, stage", {"runs": runs})
+    finally:
+        con.close()

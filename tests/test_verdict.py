@@ -1,0 +1,76 @@
+"""The verdict: one paragraph per run, written from the findings, with its evidence; healthy runs get one line.
+
+Expected sentences are worked out by hand from the scenarios' definitions (fixtures/findings/scenarios.py) and
+from the real logs' text, not by running the code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fixtures.findings.scenarios import build
+from forensics.cli import cli
+from forensics.ingest import ingest
+from forensics.store import Store
+from forensics.verdict import verdict
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    return build(tmp_path_factory.mktemp("verdict") / "s")
+
+
+def test_a_healthy_run_gets_one_line(store: Store) -> None:
+    [v] = verdict(store, "healthy")  # 4 slots x 12 requests, one 2.5x slower: nothing to report
+    assert v.healthy and v.paragraph() == "healthy: 48 requests on 4 slots, nothing abnormal found."
+
+
+def test_a_dead_slot_says_when_and_how(store: Store) -> None:
+    # slot 1 from its 5th request runs 1000 ms per token: requests of 88..395 tokens take 88.3..395.3 s where its
+    # first four took 3.65..10.44 s; it died 1.0 + (8.45 + 8.7 + 3.65 + 10.436) + 4 x 0.05 = 32.436 s in
+    [v] = verdict(store, "dead")
+    assert v.paragraph(evidence=False) == (
+        "dead: Slot 1 of `main` died 32.4 s after the server started and never recovered: 6 requests ran abnormally "
+        "slowly (88.3–395.3 s vs 3.6–10.4 normal).")
+    # the first request it died on is the 14th written (i = 13): lines 10 + 13 x 7 = 101 to 106
+    assert v.facts[0].evidence[0] == "server.log:101-106"
+    assert not v.healthy
+
+
+def test_a_runaway_and_the_cap_that_would_have_stopped_it(store: Store) -> None:
+    # slot 0's 4th request filled the 4096-token context with 3900 tokens; the normal ones stay at or under 362;
+    # no request set n_predict, and any cap above the normal ones stops the one runaway and cuts no normal one
+    [v] = verdict(store, "one-runaway")
+    assert [f.kind for f in v.facts] == ["runaway", "cap"]
+    assert v.facts[0].sentence == "1 output ran to the context (3900 tokens where normal responses stay under 362)."
+    assert v.facts[1].fields == {"cap": v.facts[1].fields["cap"], "capped": False, "runaways_stopped": 1,
+                                 "normal_cut": 0}
+
+
+def test_a_crash_in_a_real_log(tmp_path: Path) -> None:
+    log = REAL / "crash-ikllama-687.log"  # CUDA out of memory while task 3 filled its prompt
+    ingest(tmp_path / "s", [log], run="r")
+    [v] = verdict(Store(tmp_path / "s"), "r")
+    assert v.facts[0].kind == "crash"
+    assert v.facts[0].sentence.startswith("The server crashed ")
+    assert v.facts[0].sentence.endswith(" with slot 0 task 3 in flight: CUDA error: out of memory.")
+    assert v.facts[0].evidence == [f"{log}:16-19"]
+
+
+def test_the_command_prints_json_and_gates(store: Store) -> None:
+    res = CliRunner().invoke(cli, ["verdict", "healthy", "dead", "--format", "json", "--fail-on", "any",
+                                   "--store", str(store.root)])
+    assert res.exit_code == 1  # dead is not healthy
+    got = json.loads(res.stdout)
+    assert [(v["run"], v["healthy"]) for v in got] == [("healthy", True), ("dead", False)]
+    assert got[1]["facts"][0]["kind"] == "dead_slot" and got[1]["facts"][0]["slot"] == 1
+    res = CliRunner().invoke(cli, ["verdict", "healthy", "--fail-on", "any", "--store", str(store.root)])
+    assert (res.exit_code, res.stdout) == (0, "healthy: 48 requests on 4 slots, nothing abnormal found.\n")
+    res = CliRunner().invoke(cli, ["verdict", "nope", "--store", str(store.root)])
+    assert res.exit_code == 2 and res.stderr.startswith("forensics: error: no run 'nope' in the store")
