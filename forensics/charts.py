@@ -24,6 +24,9 @@ from forensics.store import Store
 KINDS = ("throughput", "latency", "timeline", "tokens", "busy")
 EXTENSIONS = (".html", ".png", ".svg", ".json")
 VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+KNEE_COLOR = "#333333"
+CAP_COLOR = "#54a24b"  # not a finding's colour: the cap is advice, not a fault
+# One colour per finding, the same in every chart.
 CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "prompt over context": "#b279a2",
                 "failed": "#7f7f7f", "unclassified": "#c7c7c7"}
 
@@ -40,43 +43,65 @@ def _tips(df: pl.DataFrame, cols: list[str]) -> list[alt.Tooltip]:
     return [alt.Tooltip(f"{c}:{'Q' if df.schema[c].is_numeric() else 'N'}") for c in cols if c in df.columns]
 
 
+def _x_axis(by: str, values: list[Any]) -> alt.X:
+    """The concurrency axis: whole numbers only (no np 1.5) when every value is whole."""
+    whole = all(float(v).is_integer() for v in values if v is not None)
+    axis = alt.Axis(tickMinStep=1, format="d", values=sorted({int(v) for v in values})) if whole and values else None
+    return alt.X("x:Q", title=by, axis=axis, scale=alt.Scale(zero=False))
+
+
+def _knee(scaling: metrics.Scaling) -> tuple[float | None, str]:
+    """The knee the sentence talks about (the fitted model's when there is one), and its label."""
+    x = scaling.model_knee if scaling.model_sentence else scaling.knee
+    return x, (f"knee: above {scaling.by} {x:g}" if x is not None else "")
+
+
 def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
-    """Output tokens/s (and requests/s) against concurrency across runs, the knee marked."""
+    """Output tokens/s against concurrency across runs, the knee drawn where the sentence puts it."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
-    base = alt.Chart(_data(t)).encode(x=alt.X("x:Q", title=by))
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("gen_tok_per_s:Q", title="output tokens / s"),
-        tooltip=[alt.Tooltip("x:Q", title=by), alt.Tooltip("runs:Q"),
-                 alt.Tooltip("gen_tok_per_s:Q", format=".1f"), alt.Tooltip("req_per_s:Q", format=".3f"),
-                 alt.Tooltip("effective_concurrency:Q", format=".2f")])
+    line = alt.Chart(_data(t)).mark_line(point=True).encode(
+        x=_x_axis(by, t["x"].to_list()), y=alt.Y("gen_tok_per_s:Q", title="output tokens / s"),
+        tooltip=[alt.Tooltip("x:Q", title=by), alt.Tooltip("runs:Q", title="runs"),
+                 alt.Tooltip("gen_tok_per_s:Q", title="output tokens / s", format=".1f"),
+                 alt.Tooltip("req_per_s:Q", title="requests / s", format=".3f"),
+                 alt.Tooltip("effective_concurrency:Q", title="effective concurrency", format=".2f")])
     layers: list[Any] = [line]
-    if scaling.knee is not None:
-        layers.append(alt.Chart(_data(pl.DataFrame({"x": [scaling.knee], "label": ["knee"]})))
-                      .mark_rule(color="#e45756", strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]))
-    return alt.layer(*layers).properties(title=f"Throughput vs {by}: {scaling.model_sentence or scaling.sentence}", width=520, height=300)
+    knee_x, label = _knee(scaling)
+    if knee_x is not None:
+        mark = alt.Chart(_data(pl.DataFrame({"x": [knee_x], "label": [label]})))
+        layers += [mark.mark_rule(color=KNEE_COLOR, strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]),
+                   mark.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
+    sentence = scaling.model_sentence or scaling.sentence
+    return alt.layer(*layers).properties(title={"text": f"Throughput vs {by}", "subtitle": sentence},
+                                         width=560, height=300)
+
+
+LATENCY_LABELS = {"latency_p50_s": "median latency", "latency_p90_s": "p90 latency"}
 
 
 def latency_chart(scaling: metrics.Scaling) -> alt.Chart:
     """Median and p90 latency against concurrency, with the fitted line latency = a + b × x."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
-    long = t.select("x", "latency_p50_s", "latency_p90_s").unpivot(
-        index="x", variable_name="stat", value_name="latency_s")
+    long = t.select("x", *LATENCY_LABELS).unpivot(index="x", variable_name="stat", value_name="latency_s") \
+        .with_columns(pl.col("stat").replace_strict(LATENCY_LABELS))
     pts = alt.Chart(_data(long)).mark_line(point=True).encode(
-        x=alt.X("x:Q", title=by), y=alt.Y("latency_s:Q", title="request latency (s)"),
-        color=alt.Color("stat:N", title=None),
-        tooltip=[alt.Tooltip("x:Q", title=by), "stat:N", alt.Tooltip("latency_s:Q", format=".2f")])
+        x=_x_axis(by, t["x"].to_list()), y=alt.Y("latency_s:Q", title="request latency (s)"),
+        color=alt.Color("stat:N", title=None, sort=list(LATENCY_LABELS.values())),
+        tooltip=[alt.Tooltip("x:Q", title=by), alt.Tooltip("stat:N", title="latency"),
+                 alt.Tooltip("latency_s:Q", title="seconds", format=".2f")])
     layers: list[Any] = [pts]
-    title = f"Latency vs {by}"
+    subtitle = ""
     fit = scaling.fit
     if fit is not None and t.height:
         xs = [min(t["x"].to_list()), max(t["x"].to_list())]
-        fitted = pl.DataFrame({"x": xs, "latency_s": [fit.predict(x) for x in xs]})
+        fitted = pl.DataFrame({"x": xs, "latency_s": [fit.predict(x) for x in xs], "stat": ["fit on the median"] * 2})
         layers.append(alt.Chart(_data(fitted)).mark_line(strokeDash=[6, 3], color="black")
-                      .encode(x="x:Q", y="latency_s:Q"))
-        title += f" (fit on p50: {fit.a:.2f} s + {fit.b:.2f} s × {by})"
-    return alt.layer(*layers).properties(title=title, width=520, height=300)
+                      .encode(x="x:Q", y="latency_s:Q", tooltip=[alt.Tooltip("stat:N", title="line")]))
+        subtitle = f"dashed: fit on the median, {fit.a:.2f} s + {fit.b:.2f} s × {by} ({fit.n} runs)"
+    return alt.layer(*layers).properties(title={"text": f"Latency vs {by}", "subtitle": subtitle},
+                                         width=560, height=300)
 
 
 def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
@@ -122,7 +147,7 @@ def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
     if cap is not None:
         label = f"recommended cap {cap}"
         layers.append(alt.Chart(_data(pl.DataFrame({"cap": [cap], "label": [label]})))
-                      .mark_rule(color="#54a24b", strokeWidth=2).encode(x="cap:Q", tooltip=["label:N"]))
+                      .mark_rule(color=CAP_COLOR, strokeWidth=2).encode(x="cap:Q", tooltip=["label:N"]))
         title += f", {label}"
     n = df[group].n_unique() if df.height else 1
     return alt.layer(*layers).properties(title=title, width=620, height=max(60, 30 * n))

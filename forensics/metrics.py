@@ -71,16 +71,28 @@ def all_runs(store: Store | duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in rows]
 
 
-def resolve_runs(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None) -> list[str]:
-    """``runs`` checked against the store (all runs when None or empty)."""
+def _run_list(known: list[str], limit: int = 12) -> str:
+    """The store's runs for a one-line message: the first few, then how many more."""
+    if not known:
+        return "none; run `forensics ingest` first"
+    more = f" … and {len(known) - limit} more (`forensics runs`)" if len(known) > limit else ""
+    return ", ".join(known[:limit]) + more
+
+
+def resolve_runs(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None, *,
+                 all_when_none: bool = True) -> list[str]:
+    """``runs`` checked against the store.  None or empty means every run, or, for a command about one run
+    (``all_when_none=False``), the store's only run: with several, a one-line error listing them."""
     known = all_runs(store)
     if not runs:
-        return known
+        if all_when_none or len(known) == 1:
+            return known
+        raise NotFoundError("name a run: the store has " + (f"{len(known)} runs" if known else "no run"),
+                            hint=f"runs: {_run_list(known)}")
     missing = [r for r in runs if r not in known]
     if missing:
-        raise NotFoundError(f"no run {missing[0]!r} in the store",
-                            hint=f"runs: {', '.join(known) or 'none; run `forensics ingest` first'}")
-    return list(runs)
+        raise NotFoundError(f"no run {missing[0]!r} in the store", hint=f"runs: {_run_list(known)}")
+    return list(dict.fromkeys(runs))
 
 
 def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
@@ -378,15 +390,30 @@ def smoke(metrics: pl.DataFrame, *, max_run_s: float | None = None, max_request_
     return SmokeResult(pl.DataFrame(rows, schema=schema, orient="row"), all_ok and bool(rows), budgets)
 
 
-def busy_over_time(intervals: pl.DataFrame) -> pl.DataFrame:
-    """Busy slots per run and instance as a step function: (run, instance, t_s, busy) after each change."""
+BUSY_GAP_S = 1.0  # a slot handed to its next request within this is still busy: no drop at every boundary
+
+
+def busy_over_time(intervals: pl.DataFrame, *, gap_s: float = BUSY_GAP_S) -> pl.DataFrame:
+    """Busy slots per run and instance as a step function: (run, instance, t_s, busy) after each change.
+
+    A slot's requests that follow each other within ``gap_s`` count as one busy stretch: the moment between a
+    request's end and the next one's start on the same slot is the server handing the slot over, not a slot
+    going idle, and drawing it would drop the line at every request boundary.
+    """
     ri = intervals.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null())
+    if "slot" in ri.columns:
+        keys = ["run", "instance", "slot"]
+        ri = ri.sort(*keys, "start_s").with_columns(
+            pl.col("start_s").shift(-1).over(keys).alias("_next"))
+        ri = ri.with_columns(pl.when((pl.col("_next") - pl.col("end_s")).is_between(0, gap_s))
+                             .then(pl.col("_next")).otherwise(pl.col("end_s")).alias("end_s")).drop("_next")
     edges = pl.concat([
         ri.select("run", "instance", pl.col("start_s").alias("t_s"), pl.lit(1).alias("d")),
         ri.select("run", "instance", pl.col("end_s").alias("t_s"), pl.lit(-1).alias("d")),
     ])
     return (
         edges.group_by("run", "instance", "t_s").agg(pl.col("d").sum())
+        .filter(pl.col("d") != 0)  # a stretch's joined end and start: no change at all
         .sort("run", "instance", "t_s")
         .with_columns(pl.col("d").cum_sum().over("run", "instance").cast(pl.Int64).alias("busy"))
         .drop("d")
@@ -402,3 +429,63 @@ def with_classes(intervals: pl.DataFrame, classes: pl.DataFrame) -> pl.DataFrame
     out = intervals.drop("class", strict=False).join(classes.select(*keys, "class"), on=keys, how="left",
                                                      nulls_equal=True, maintain_order="left")
     return out.with_columns(pl.col("class").fill_null("unclassified"))
+
+
+# ---------------------------------------------------------------------------------------- comparable runs
+@dataclass
+class Comparable:
+    """The runs a throughput comparison may pool, and why the others were left out."""
+
+    runs: list[str]
+    basis: str  # how they were chosen, in words
+    left_out: dict[str, str] = field(default_factory=dict)  # run -> why
+
+
+def _workload_keys(store: Store, runs: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Each run's setup and workload: its manifest's `sweep`, else its (model, stages), else the models of the
+    instances that served it.  Not the slot context: a sweep over -np with a fixed -c changes it at every step."""
+    con = store.connect(tables=["runs", "instances"])
+    try:
+        rows = fetch_pl(con, "SELECT run, any_value(model) AS model, any_value(stages) AS stages, "
+                             "any_value(config) AS config FROM runs WHERE list_contains($runs, run) GROUP BY run",
+                        {"runs": runs})
+        inst = fetch_pl(con, "SELECT run, string_agg(DISTINCT coalesce(model, '?'), ',' ORDER BY coalesce(model, '?')) "
+                             "AS models FROM instances WHERE list_contains($runs, run) GROUP BY run", {"runs": runs})
+    finally:
+        con.close()
+    keys: dict[str, tuple[Any, ...]] = {r["run"]: ("instances", r["models"]) for r in inst.iter_rows(named=True)}
+    for r in rows.iter_rows(named=True):
+        sweep = _config_values_of(r["config"]).get("sweep")
+        # how many items a run had changes its length, not what each request costs: not part of the key
+        if sweep is not None:
+            keys[r["run"]] = ("sweep", str(sweep))
+        elif r["model"] is not None or r["stages"] is not None:
+            keys[r["run"]] = ("workload", r["model"], r["stages"])
+    return keys
+
+
+def _config_values_of(config: str | None) -> dict[str, Any]:
+    try:
+        data = json.loads(config) if config else {}
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def comparable_runs(store: Store, runs: list[str], *, broken: dict[str, str] | None = None) -> Comparable:
+    """The runs one throughput comparison may pool.  Several runs named: those.  One run: the runs with its
+    setup and workload (its sweep).  Either way, ``broken`` runs (run -> why: a dead slot, a crash, killed by
+    a watchdog) are left out, as they measure a broken server rather than the concurrency."""
+    known = resolve_runs(store, runs)
+    broken = broken or {}
+    if len(known) == 1:
+        keys = _workload_keys(store, all_runs(store))
+        mine = keys.get(known[0])
+        pool = [r for r, k in keys.items() if k == mine] if mine is not None else known
+        basis = ("the runs of its sweep" if mine and mine[0] == "sweep" else
+                 "the runs with the same model and stages" if mine and mine[0] == "workload" else
+                 "the runs served by the same model")
+    else:
+        pool, basis = known, "the runs named"
+    kept = [r for r in sorted(pool) if r not in broken]
+    return Comparable(kept, basis, {r: broken[r] for r in sorted(pool) if r in broken})

@@ -1,13 +1,17 @@
-"""One self-contained HTML report for a run: summary, findings, throughput and charts.
+"""One self-contained HTML report for one run or a sweep of runs: the verdict, the timeline, the findings, the
+throughput.
 
-The file works offline: the Vega, Vega-Lite and vega-embed JavaScript is inlined once and every
-chart's data is inline, so the page references no external URL.  Every string that came from a log
-or a record is HTML-escaped (in tables) or JSON-escaped for <script> (in chart specs), so a log line
-holding ``<script>`` stays text.
+Read top down it answers, in order: what went wrong and what to change (the verdict, each sentence with the
+lines it rests on and a link to its table), when it happened (the slot timeline and the tokens per request,
+coloured by finding the same way in every chart, the recommended cap drawn), the findings' own tables
+(cells wrap, long ones fold), and how throughput scales with the number of slots across comparable runs only
+(which runs, and which were left out and why).
 
-Findings come from ``forensics.findings`` (dead slots, runaways, prompts over the context, the cap, error
-groups, and the class of each request in the charts) and ``forensics.replay`` (missing items): one
-definition each.  A section that cannot be computed says why; the rest of the report is still written.
+The file works offline: the Vega, Vega-Lite and vega-embed JavaScript is inlined once and every chart's data
+is inline, so the page references no external URL.  Every string that came from a log or a record is
+HTML-escaped (in tables) or JSON-escaped for <script> (in chart specs), so a log line holding ``<script>``
+stays text.  Every finding comes from ``forensics.findings``, ``forensics.verdict`` and ``forensics.replay``:
+one definition each; a section that cannot be computed says why, and the rest of the report is still written.
 """
 
 from __future__ import annotations
@@ -23,35 +27,29 @@ from typing import Any
 import polars as pl
 
 from forensics import metrics
-from forensics.errors import ForensicsError, NotFoundError, bug_boundary
+from forensics.errors import ForensicsError, bug_boundary
 from forensics.store import Store
 
 MAX_ROWS = 200
-SECTIONS = ("Summary", "Findings", "Throughput", "Charts")
-
-# (title, module, candidate function names): the first function found is used
-def _findings() -> list[tuple[str, Callable[[Store, str], Any]]]:
-    """The report's findings sections: a title and how to compute it for one run."""
-    from forensics import findings, replay
-
-    return [
-        ("Dead slots", lambda store, run: findings.find_dead_slots(store, run)),
-        ("Runaways", lambda store, run: findings.find_runaways(store, run)),
-        ("Prompts over the context", lambda store, run: findings.find_prompt_over_context(store, run)),
-        ("Missing items", lambda store, run: replay.missing(store, run)),
-        ("Recommended output cap", lambda store, run: findings.recommend_cap(store, [run])),
-        ("Error groups", lambda store, run: findings.error_groups(store, run)),
-    ]
+FOLD_CHARS = 120  # a cell longer than this is folded: its start shown, the rest behind a click
+SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"),
+            ("throughput", "Throughput"), ("metrics", "Run metrics"))
 
 CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
-.wrap { overflow-x: auto; }
-table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+h3 { margin-bottom: .3em; }
+.verdict p { font-size: 15px; margin: .4em 0 .8em; } .verdict .run { font-weight: 600; }
+.healthy { color: #2e7d32; } .sick { color: #b71c1c; }
+.ev { font: 12px ui-monospace, monospace; color: #555; white-space: normal; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; max-width: 100%; }
+th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top;
+         white-space: normal; overflow-wrap: break-word; }
+th { white-space: nowrap; } td { max-width: 36em; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 th { background: #f4f4f4; } .na { color: #888; font-style: italic; } .note { color: #555; }
-.chart { margin: 1em 0 2em; }
+details summary { cursor: pointer; color: #1a5fb4; } .chart { margin: 1em 0 2em; }
+.scroll { overflow-x: auto; max-width: 100%; }
 """
 
 
@@ -74,11 +72,15 @@ def _cell(v: Any) -> tuple[str, bool]:
         return str(v), True
     if isinstance(v, datetime):
         return v.isoformat(timespec="seconds").replace("+00:00", "Z"), False
-    return html.escape(str(v)), False
+    text = str(v)
+    if len(text) > FOLD_CHARS:  # long evidence folds: never cut, never wider than the page
+        return (f"<details><summary>{html.escape(text[:FOLD_CHARS // 2])}…</summary>{html.escape(text)}</details>",
+                False)
+    return html.escape(text), False
 
 
 def html_table(df: pl.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
-    """``df`` as an HTML table, every header and cell escaped."""
+    """``df`` as an HTML table, every header and cell escaped; cells wrap, long ones fold."""
     if df.height == 0:
         return '<p class="na">none</p>'
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
@@ -89,50 +91,21 @@ def html_table(df: pl.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
             text, num = _cell(v)
             cells.append(f'<td class="num">{text}</td>' if num else f"<td>{text}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    more = f'<p class="note">… {df.height - max_rows} more rows</p>' if df.height > max_rows else ""
-    return (f'<div class="wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
-            f"{more}")
+    more = f'<p class="note">… {df.height - max_rows} more rows (all of them: the CLI command)</p>' \
+        if df.height > max_rows else ""
+    # a table wider than the page scrolls inside its own box instead of widening the page
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f'<div class="scroll">{table}</div>{more}'
 
 
 def _kv_table(row: dict[str, Any]) -> str:
-    return html_table(pl.DataFrame({"metric": list(row), "value": [_cell(v)[0] for v in row.values()]}))
-
-
-def _as_frame(res: Any) -> pl.DataFrame:
-    if isinstance(res, pl.DataFrame):
-        return res
-    if isinstance(res, dict):
-        return pl.DataFrame([{k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
-                              for k, v in res.items()}])
-    if isinstance(res, list) and all(isinstance(r, dict) for r in res):
-        return pl.DataFrame(res, infer_schema_length=None)
-    for attr in ("table", "df", "frame"):
-        inner = getattr(res, attr, None)
-        if isinstance(inner, pl.DataFrame):
-            return inner
-    return pl.DataFrame({"value": [str(res)]})
-
-
-def _only_run(df: pl.DataFrame, run: str) -> pl.DataFrame:
-    return df.filter(pl.col("run") == run) if "run" in df.columns else df
-
-
-def render_finding(res: Any, run: str) -> str:
-    """HTML for a finding's result: a frame as a table; a result object (e.g. a cap recommendation)
-    as its scalar fields, its messages and its frames."""
-    if isinstance(res, (pl.DataFrame, dict, list)) or not hasattr(res, "__dict__"):
-        return html_table(_only_run(_as_frame(res), run))
-    fields = dict(vars(res))
-    out = []
-    scalars = {k: v for k, v in fields.items() if v is None or isinstance(v, (int, float, str, bool))}
-    if scalars:
-        out.append(_kv_table(scalars))
-    for k, v in fields.items():
-        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-            out.append(f"<p>{html.escape(k)}:</p><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in v) + "</ul>")
-        elif isinstance(v, pl.DataFrame):
-            out.append(f"<p>{html.escape(k)}:</p>" + html_table(_only_run(v, run)))
-    return "\n".join(out) or html_table(_as_frame(res))
+    """One row as a two-column table (metric, value), each value rendered as its own type."""
+    cells = []
+    for name, v in row.items():
+        text, num = _cell(v)
+        td = '<td class="num">' if num else "<td>"
+        cells.append(f"<tr><th>{html.escape(str(name))}</th>{td}{text}</td></tr>")
+    return f'<div class="scroll"><table><tbody>{"".join(cells)}</tbody></table></div>'
 
 
 def _computed(compute: Callable[[], Any]) -> tuple[Any, str]:
@@ -145,94 +118,163 @@ def _computed(compute: Callable[[], Any]) -> tuple[Any, str]:
         return None, exc.one_line()
 
 
-def build_report(store: Store, run: str) -> tuple[str, list[str]]:
-    """The report's HTML for ``run`` and notes (what was not available)."""
-    from forensics import charts, findings  # altair only here, when a report is asked for
+# ---------------------------------------------------------------------------------------- sections
+FINDING_ANCHORS = {"dead_slot": "dead-slots", "crash": "errors", "runaway": "runaways",
+                   "prompt_over_context": "prompts-over-the-context", "missing": "missing-items",
+                   "failed": "errors", "cap": "recommended-output-cap", "ended": "missing-items"}
 
-    runs = metrics.all_runs(store)
-    if run not in runs:
-        raise NotFoundError(f"no run {run!r} in the store", hint=f"runs: {', '.join(runs) or 'none'}")
-    notes: list[str] = []
-    esc = html.escape
-    m_all = metrics.throughput(store, runs)
-    m_run = m_all.filter(pl.col("run") == run)
-    has_server = charts.has_server_requests(store, [run])
-    ri = metrics.request_intervals(store, [run], source="server" if has_server else "auto")
-    classes, why_not = _computed(lambda: findings.request_classes(store, [run]))
-    ri = metrics.with_classes(ri, classes if classes is not None else pl.DataFrame(
-        schema={"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64, "class": pl.String}))
-    cap_res, _ = _computed(lambda: findings.recommend_cap(store, [run]))
-    cap = cap_res.cap if cap_res is not None else None
 
-    parts: list[str] = []
-    # ---- summary
-    parts.append('<h2 id="summary">Summary</h2>')
-    if m_run.height:
-        row = m_run.row(0, named=True)
-        if row["estimated"]:
-            parts.append('<p class="note">This run has no timestamps: wall time, rates, effective concurrency and '
-                         "peak busy slots are estimates from request order.</p>")
-        parts.append(_kv_table(row))
-    else:
-        parts.append('<p class="na">no requests for this run</p>')
-    counts = ri.group_by("class").agg(pl.len().alias("requests")).sort("class")
-    parts.append("<p>Requests by what the findings say of them:</p>" if not why_not else
-                 f'<p class="na">the requests could not be classified: {esc(why_not)}</p>')
-    parts.append(html_table(counts))
-    # ---- findings
-    parts.append('<h2 id="findings">Findings</h2>')
-    for title, compute in _findings():
-        parts.append(f"<h3>{esc(title)}</h3>")
-        res, reason = _computed(lambda compute=compute: compute(store, run))
+def _verdict_section(verdicts: list[Any]) -> str:
+    from forensics.verdict import short_evidence
+
+    parts = ['<h2 id="verdict">Verdict</h2>', '<div class="verdict">']
+    for v in verdicts:
+        cls = "healthy" if v.healthy else "sick"
+        sentences = []
+        for f in v.facts:
+            text = html.escape(f.sentence)
+            anchor = FINDING_ANCHORS.get(f.kind)
+            ev = f"{short_evidence(f.evidence)}" if f.evidence else ""
+            if anchor:  # the evidence links to the finding's table
+                ev = f'<a href="#{anchor}">{html.escape(ev.strip() or "[details]")}</a>'
+            sentences.append(f'{text} <span class="ev">{ev}</span>' if ev else text)
+        parts.append(f'<p><span class="run {cls}">{html.escape(v.run)}:</span> {" ".join(sentences)}</p>')
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def _findings_sections(store: Store, runs: list[str], notes: list[str]) -> str:
+    from forensics import findings
+
+    sections: list[tuple[str, Callable[[], Any]]] = [
+        ("Dead slots", lambda: findings.find_dead_slots(store, runs)),  # type: ignore[arg-type]
+        ("Runaways", lambda: findings.find_runaways(store, runs)),  # type: ignore[arg-type]
+        ("Prompts over the context", lambda: findings.find_prompt_over_context(store, runs)),  # type: ignore[arg-type]
+        ("Missing items", lambda: _missing(store, runs)),
+        ("Recommended output cap", lambda: findings.caps_by_run(store, runs)),
+        ("Errors", lambda: findings.error_groups(store, runs)),  # type: ignore[arg-type]
+    ]
+    parts = ['<h2 id="findings">Findings</h2>']
+    for title, compute in sections:
+        parts.append(f'<h3 id="{title.lower().replace(" ", "-")}">{html.escape(title)}</h3>')
+        res, reason = _computed(compute)
         if reason:
-            parts.append(f'<p class="na">{esc(reason)}</p>')
+            parts.append(f'<p class="na">{html.escape(reason)}</p>')
             notes.append(f"{title.lower()}: {reason}")
         else:
-            parts.append(render_finding(res, run))
-    failed = ri.filter(pl.col("failed")).select(
-        [c for c in ("instance", "slot", "task", "item", "stage", "start_s", "stop_reason", "error") if c in ri.columns])
-    parts.append("<h3>Failed requests</h3>")
-    parts.append(html_table(failed))
-    # ---- throughput
-    parts.append('<h2 id="throughput">Throughput</h2>')
-    parts.append("<p>All runs in the store, one row per run:</p>")
-    parts.append(html_table(m_all))
-    sc = metrics.scaling(m_all, by="np")
-    parts.append("<p>Against np:</p>")
-    parts.append(html_table(sc.table))
-    if sc.fit is not None:
-        parts.append(f"<p>Fit: latency_p50_s = {sc.fit.a:.3f} + {sc.fit.b:.3f} × np "
-                     f"(b is the seconds one more concurrent request adds; {sc.fit.n} runs).</p>")
-    parts.append(f"<p><b>{esc(sc.sentence)}</b> (measured, step by step)</p>")
-    if sc.model_sentence:
-        parts.append(f"<p><b>{esc(sc.model_sentence)}</b></p>")
-    # ---- charts
-    parts.append('<h2 id="charts">Charts</h2>')
-    chart_list: list[tuple[str, Any]] = [
-        ("timeline", charts.timeline_chart(ri)),
-        ("busy", charts.busy_chart(ri)),
-        ("tokens", charts.tokens_chart(ri, cap)),
-    ]
-    if sc.table.height >= 1:
-        chart_list += [("throughput", charts.throughput_chart(sc)), ("latency", charts.latency_chart(sc))]
-    for name, c in chart_list:
-        parts.append(charts.embed_div(c, f"chart-{name}"))
+            parts.append(html_table(res))
+    return "\n".join(parts)
 
+
+def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
+    """Missing items of the runs that have replay records (a run with logs only has none to miss)."""
+    from forensics import replay
+
+    con = store.connect(tables=["runs", "attempts", "items"])
+    try:
+        with_records = {r[0] for r in con.execute(
+            "SELECT DISTINCT run FROM (SELECT run FROM runs UNION ALL SELECT run FROM attempts "
+            "UNION ALL SELECT run FROM items) WHERE list_contains($runs, run)", {"runs": runs}).fetchall()}
+    finally:
+        con.close()
+    frames = [replay.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs if r in with_records]
+    return pl.concat(frames, how="diagonal_relaxed").select("run", pl.all().exclude("run")) if frames else \
+        pl.DataFrame()
+
+
+def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[str]) -> str:
+    from forensics import findings
+
+    src = "server" if charts.has_server_requests(store, runs) else "auto"
+    ri = metrics.request_intervals(store, runs, source=src)
+    classes, why = _computed(lambda: findings.request_classes(store, runs))
+    if why:
+        notes.append(f"classes: {why}")
+    ri = metrics.with_classes(ri, classes if classes is not None else pl.DataFrame(
+        schema={"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64, "class": pl.String}))
+    cap_res, _ = _computed(lambda: findings.recommend_cap(store, runs))
+    parts = ['<h2 id="timeline">Timeline</h2>',
+             '<p class="note">One lane per slot, one bar per request, coloured by what the findings say of it.</p>'
+             if not why else f'<p class="na">the requests could not be classified: {html.escape(why)}</p>']
+    if ri.height:
+        parts.append(charts.embed_div(charts.timeline_chart(ri), "chart-timeline"))
+        parts.append(charts.embed_div(charts.tokens_chart(ri, cap_res.cap if cap_res else None), "chart-tokens"))
+        parts.append(charts.embed_div(charts.busy_chart(ri), "chart-busy"))
+    else:
+        parts.append('<p class="na">no request with a start and an end</p>')
+    failed = ri.filter(pl.col("failed")).select(
+        [c for c in ("run", "instance", "slot", "task", "item", "stage", "start_s", "stop_reason", "error")
+         if c in ri.columns])
+    return "\n".join([*parts, "<h3>Failed requests</h3>", html_table(failed)])
+
+
+BROKEN_KINDS = ("dead_slot", "crash", "ended")  # facts that make a run measure a broken server
+
+
+def _throughput_section(store: Store, runs: list[str], verdicts: list[Any], charts: Any) -> tuple[str, str]:
+    """The throughput of the comparable runs (with which they are and which were left out), and the named
+    runs' own metrics."""
+    from forensics.verdict import verdict
+
+    pool = metrics.comparable_runs(store, runs).runs  # the sweep, before its broken runs are known
+    known = {v.run for v in verdicts}
+    more, _ = _computed(lambda: verdict(store, [r for r in pool if r not in known])) if set(pool) - known else ([], "")
+    broken = {v.run: "; ".join(f.sentence for f in v.facts if f.kind in BROKEN_KINDS)
+              for v in [*verdicts, *(more or [])] if any(f.kind in BROKEN_KINDS for f in v.facts)}
+    comp = metrics.comparable_runs(store, runs, broken=broken)
+    m_all = metrics.throughput(store, comp.runs) if comp.runs else pl.DataFrame()
+    parts = ['<h2 id="throughput">Throughput</h2>',
+             f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>"]
+    if comp.left_out:
+        parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
+            f"<li>{html.escape(r)}: {html.escape(why)}</li>" for r, why in comp.left_out.items()) + "</ul>")
+    if m_all.height:
+        sc = metrics.scaling(m_all, by="np")
+        parts.append(html_table(sc.table))
+        parts.append(f"<p><b>{html.escape(sc.model_sentence or sc.sentence)}</b></p>")
+        if sc.table.height >= 2:
+            parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
+            parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
+    own = metrics.throughput(store, runs)
+    detail = ['<h2 id="metrics">Run metrics</h2>']
+    for row in own.iter_rows(named=True):
+        detail.append(f"<h3>{html.escape(str(row['run']))}</h3>")
+        if row.get("estimated"):
+            detail.append('<p class="note">No timestamps: wall time, rates and concurrency are estimates from '
+                          "request order.</p>")
+        detail.append(_kv_table(row))
+    return "\n".join(parts), "\n".join(detail)
+
+
+def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[str]]:
+    """The report's HTML for one run or several (a sweep; none: the store's only run), and notes (what
+    could not be computed)."""
+    from forensics import charts  # altair only here, when a report is asked for
+    from forensics.verdict import verdict
+
+    names = metrics.resolve_runs(store, [runs] if isinstance(runs, str) else list(runs or []), all_when_none=False)
+    notes: list[str] = []
+    verdicts, why = _computed(lambda: verdict(store, names))
+    body = [_verdict_section(verdicts) if verdicts else f'<p class="na">{html.escape(why)}</p>',
+            _timeline_section(store, names, charts, notes), _findings_sections(store, names, notes)]
+    throughput, detail = _throughput_section(store, names, verdicts or [], charts)
+    body += [throughput, detail]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    nav = " · ".join(f'<a href="#{s.lower()}">{s}</a>' for s in SECTIONS)
+    nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)
+    title = f"Run {names[0]}" if len(names) == 1 else f"Runs {', '.join(names)}"
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>forensics report: {esc(run)}</title>\n<style>{CSS}</style>\n"
+        f"<title>forensics report: {html.escape(', '.join(names))}</title>\n<style>{CSS}</style>\n"
         f"<script>{charts.javascript_bundle()}</script>\n</head><body>\n"
-        f"<h1>Run {esc(run)}</h1>\n<p class=\"note\">llama-forensics report, written {now}. {nav}</p>\n"
-        + "\n".join(parts) + "\n</body></html>\n"
+        f"<h1>{html.escape(title)}</h1>\n<p class=\"note\">llama-forensics report, written {now}. {nav}</p>\n"
+        + "\n".join(body) + "\n</body></html>\n"
     )
     return page, notes
 
 
-def write_report(store: Store, run: str, path: Path | str) -> ReportResult:
-    """Write the report for ``run`` to ``path`` (one HTML file that works offline)."""
-    page, notes = build_report(store, run)
+def write_report(store: Store, runs: str | list[str] | None, path: Path | str) -> ReportResult:
+    """Write the report for ``runs`` to ``path`` (one HTML file that works offline)."""
+    page, notes = build_report(store, runs)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -36,7 +36,7 @@ class RunVerdict:
 
     def paragraph(self, *, evidence: bool = True) -> str:
         """The run's verdict as text: ``run: sentence [where] sentence ...``."""
-        return f"{self.run}: " + " ".join(f.sentence + (_short(f.evidence) if evidence else "") for f in self.facts)
+        return f"{self.run}: " + " ".join(f.sentence + (short_evidence(f.evidence) if evidence else "") for f in self.facts)
 
     def as_dict(self) -> dict[str, Any]:
         return {"run": self.run, "requests": self.requests, "healthy": self.healthy,
@@ -44,7 +44,7 @@ class RunVerdict:
                           for f in self.facts]}
 
 
-def _short(evidence: list[str], limit: int = 3) -> str:
+def short_evidence(evidence: list[str], limit: int = 3) -> str:
     """``[main.log:75-493, 495-603, backup.log:7-49, +2]``: the file named once, its line ranges after it."""
     if not evidence:
         return ""

@@ -84,5 +84,15 @@ def test_busy_over_time_steps(store_dir: Path) -> None:
     ri = metrics.request_intervals(basic_store(store_dir), ["abs"])
     b = metrics.busy_over_time(ri)
     assert isinstance(b, pl.DataFrame)
-    # starts 0, 2, 8, 10; ends 8, 10, 16, 20
-    assert b.select("t_s", "busy").rows() == [(0.0, 1), (2.0, 2), (8.0, 2), (10.0, 2), (16.0, 1), (20.0, 0)]
+    # slot 0: 0-10 then 10-16, slot 1: 2-8 then 8-20: each slot busy without a break, so no step at 8 or 10
+    assert b.select("t_s", "busy").rows() == [(0.0, 1), (2.0, 2), (16.0, 1), (20.0, 0)]
+
+
+def test_busy_slots_do_not_drop_between_requests_of_a_slot() -> None:
+    """The server hands a slot from one request to the next within a fraction of a second: that is not the
+    slot going idle.  A longer pause is, and the line drops there."""
+    ri = pl.DataFrame({"run": ["r"] * 4, "instance": ["s"] * 4, "slot": [0, 0, 0, 1],
+                       "start_s": [0.0, 10.4, 15.0, 1.0], "end_s": [10.0, 12.0, 18.0, 17.0]})
+    rows = metrics.busy_over_time(ri).select("t_s", "busy").rows()
+    # slot 0: 0-12 (0.4 s hand-over joined), idle 12-15 (3 s: a real pause), 15-18; slot 1: 1-17
+    assert rows == [(0.0, 1), (1.0, 2), (12.0, 1), (15.0, 2), (17.0, 1), (18.0, 0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -10,10 +11,8 @@ from click.testing import CliRunner
 from forensics.cli import cli
 
 
-def test_demo_finds_the_dead_slot_and_the_runaways(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    res = CliRunner().invoke(cli, ["demo", "--out", str(out)])
-    assert res.exit_code == 0, res.output
+def test_demo_finds_the_dead_slot_and_the_runaways(demo: tuple[Path, Any]) -> None:
+    out, res = demo
     sections = res.stdout.split("# ")
     dead = next(s for s in sections if s.startswith("dead slots"))
     assert [ln.split()[:3] for ln in dead.splitlines()[3:] if ln.strip()] == [["run-np6", "main-np6", "2"]]

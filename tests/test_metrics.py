@@ -194,3 +194,28 @@ def test_model_knee_from_the_fitted_latency() -> None:
     assert metrics.model_knee(fit, [1, 2]) == (None, None)  # too few points to trust a model
     flat = metrics.fit_line([1, 2, 3], [5.0, 5.0, 5.0])
     assert metrics.model_knee(flat, [1, 2, 3]) == (None, None)  # no marginal cost: no knee
+
+
+def test_comparable_runs_are_the_sweep_or_the_same_workload(store_dir: Path) -> None:
+    """One run named: the runs of its sweep (manifest `sweep`), else with its model and stages, else served by
+    the same model; several named: those.  Broken runs are left out with their reason."""
+    stages = '["extract", "score"]'
+    runs = [{"run": "a1", "model": "m", "stages": stages}, {"run": "a2", "model": "m", "stages": stages},
+            {"run": "b1", "model": "other", "stages": stages},
+            {"run": "c1", "model": "m", "config": '{"sweep": "np-2026"}'},
+            {"run": "c2", "model": "x", "config": '{"sweep": "np-2026"}'}]
+    instances = [{"run": "d", "instance": "s", "model": "q.gguf", "n_ctx_slot": 4096},
+                 {"run": "e", "instance": "s", "model": "q.gguf", "n_ctx_slot": 2048},
+                 {"run": "f", "instance": "s", "model": "r.gguf"}]
+    store = write(store_dir, {"runs": runs, "instances": instances,
+                              "requests": [req(r, 0, 1, 1, 0, 1, 1000, 1, 900, 1) for r in "def"]})
+    a = metrics.comparable_runs(store, ["a1"])
+    assert (a.runs, a.basis, a.left_out) == (["a1", "a2"], "the runs with the same model and stages", {})
+    c = metrics.comparable_runs(store, ["c2"])
+    assert (c.runs, c.basis) == (["c1", "c2"], "the runs of its sweep")
+    d = metrics.comparable_runs(store, ["d"])  # another slot context, the same model: an -np sweep with fixed -c
+    assert (d.runs, d.basis) == (["d", "e"], "the runs served by the same model")
+    broken = metrics.comparable_runs(store, ["a1"], broken={"a2": "slot 0 died", "b1": "crashed"})
+    assert (broken.runs, broken.left_out) == (["a1"], {"a2": "slot 0 died"})
+    named = metrics.comparable_runs(store, ["b1", "a1", "f"], broken={"b1": "crashed"})
+    assert (named.runs, named.basis, named.left_out) == (["a1", "f"], "the runs named", {"b1": "crashed"})

@@ -96,17 +96,22 @@ def register(cli: click.Group) -> None:
         path = charts.save(c, out, title=f"forensics {kind}")
         click.echo(f"chart: {kind} written to {path}", err=True)
 
-    @cli.command()
-    @click.argument("run")
+    @cli.command(epilog="""\b
+Examples:
+  forensics report run-42 -o run-42.html        one run: verdict, timeline, findings, throughput
+  forensics report run-np1 run-np2 run-np4      a sweep: the throughput section compares these runs
+""")
+    @click.argument("runs", nargs=-1)
     @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report.html"),
                   show_default=True, help="HTML file to write (one self-contained file, works offline).")
     @cli_mod.store_option
-    def report(run: str, out: Path, store_path: Path | None) -> None:
-        """Write one self-contained HTML report for RUN: summary, findings, throughput and charts."""
+    def report(runs: tuple[str, ...], out: Path, store_path: Path | None) -> None:
+        """Write one self-contained HTML report for RUNS (optional when the store holds one run): the verdict,
+        the timeline, the findings and the throughput, readable offline."""
         from forensics import report as report_mod
 
         store = Store(cli_mod.resolve_store(store_path))
-        res = report_mod.write_report(store, run, out)
+        res = report_mod.write_report(store, list(runs), out)
         for note in res.notes:
             click.echo(f"note: {note}", err=True)
         click.echo(f"report: written to {res.path}", err=True)
