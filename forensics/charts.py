@@ -165,6 +165,36 @@ def busy_chart(intervals: pl.DataFrame) -> alt.Chart:
     ).properties(title="Busy slots over time", width=620, height=220)
 
 
+RUN_PAIR_COLORS = ["#2f4b6e", "#9ab8d8"]
+COMPARE_LATENCY_LABELS = {"latency_p50_s": "p50", "latency_p90_s": "p90", "latency_p95_s": "p95",
+                          "latency_p99_s": "p99"}
+
+
+def compare_chart(cmp: Any) -> alt.HConcatChart:
+    """Two runs side by side (a ``compare.Comparison``): latency percentiles, and throughput."""
+    m = cmp.metrics.filter(pl.col("run").is_in([cmp.a, cmp.b]))
+    order = [cmp.a, cmp.b]
+    lat = m.select("run", *COMPARE_LATENCY_LABELS).unpivot(index="run", variable_name="stat", value_name="s") \
+        .with_columns(pl.col("stat").replace_strict(COMPARE_LATENCY_LABELS))
+    # two shades of one hue: no finding's colour, so a run never reads as "runaway" or "dead slot"
+    colour = alt.Color("run:N", title="run", sort=order, scale=alt.Scale(domain=order, range=RUN_PAIR_COLORS))
+    latency = alt.Chart(_data(lat)).mark_bar().encode(
+        x=alt.X("stat:N", title="latency percentile", sort=list(COMPARE_LATENCY_LABELS.values()),
+                axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("run:N", sort=order), y=alt.Y("s:Q", title="request latency (s)"), color=colour,
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("stat:N", title="percentile"),
+                 alt.Tooltip("s:Q", title="seconds", format=".2f")],
+    ).properties(title="Latency", width=320, height=260)
+    speed = alt.Chart(_data(m.select("run", "np", "gen_tok_per_s"))).mark_bar().encode(
+        x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("gen_tok_per_s:Q", title="output tokens / s"),
+        color=colour, tooltip=[alt.Tooltip("run:N"), alt.Tooltip("np:Q", title="np"),
+                               alt.Tooltip("gen_tok_per_s:Q", title="output tokens / s", format=".1f")],
+    ).properties(title="Throughput", width=160, height=260)
+    return alt.hconcat(latency, speed).properties(title={"text": f"{cmp.a} vs {cmp.b}",
+                                                         "subtitle": cmp.sentences[1:3]})
+
+
 def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "np",
           source: str = "auto") -> alt.Chart:
     """The chart ``kind`` for ``runs`` of ``store`` (all runs when empty)."""

@@ -583,3 +583,14 @@ def error_groups(store: Store, run: str | None = None) -> pl.DataFrame:
     order = (pl.when(pl.col("kind") == "crash").then(0)
              .when(pl.col("level").str.contains("(?i)^e|err|fatal")).then(1).otherwise(2))
     return out.sort([pl.col("run"), order, pl.col("count")], descending=[False, False, True], maintain_order=True)
+
+
+def missing_items(store: Store, runs: list[str]) -> pl.DataFrame:
+    """(run, item, stage) of every expected item that did not finish ok, from the replay ``items`` table (its
+    rules decide what is expected of each stage); a run without records has none."""
+    con = store.connect(tables=["items"])
+    try:
+        return fetch_pl(con, "SELECT run, item, stage FROM items WHERE list_contains($runs, run) "
+                             "AND NOT coalesce(done, false) ORDER BY run, item, stage", {"runs": runs})
+    finally:
+        con.close()

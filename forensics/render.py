@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import textwrap
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, TextIO
@@ -53,11 +54,19 @@ def _cell(v: Any) -> str:
     return str(v).replace("\n", "\\n")
 
 
+def _wrap(cell: str, width: int) -> list[str]:
+    """A cell as lines of at most ``width`` characters: broken at spaces or commas when it can be, else hard,
+    so nothing is ever cut off."""
+    if len(cell) <= width:
+        return [cell]
+    return textwrap.wrap(cell, width, break_on_hyphens=False, drop_whitespace=True) or [cell[:width]]
+
+
 def to_table(df: pl.DataFrame, *, max_width: int = 60) -> str:
+    """An aligned text table; a cell longer than ``max_width`` wraps onto the following lines of its column."""
     headers = df.columns
-    rows = [[_cell(v) for v in row] for row in df.iter_rows()]
-    rows = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    rows = [[_wrap(_cell(v), max_width) for v in row] for row in df.iter_rows()]
+    widths = [max([len(h)] + [len(line) for r in rows for line in r[i]]) for i, h in enumerate(headers)]
     numeric = [df.schema[h].is_numeric() for h in headers]
 
     def fmt(cells: list[str]) -> str:
@@ -67,7 +76,9 @@ def to_table(df: pl.DataFrame, *, max_width: int = 60) -> str:
         return "  ".join(out).rstrip()
 
     lines = [fmt(list(headers)), "  ".join("-" * w for w in widths)]
-    lines += [fmt(r) for r in rows]
+    for r in rows:
+        height = max(len(c) for c in r) if r else 1
+        lines += [fmt([c[i] if i < len(c) else "" for c in r]) for i in range(height)]
     return "\n".join(lines)
 
 

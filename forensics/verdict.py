@@ -164,8 +164,10 @@ def _lost(run: str, rows: pl.DataFrame, items: pl.DataFrame) -> list[str]:
 
 def _runaways(run: str, runaways: pl.DataFrame, dead_keys: set[tuple[Any, ...]], loc: _Locations) -> list[Fact]:
     mine = runaways.filter(pl.col("run") == run)
-    mine = mine.filter(~pl.struct("instance", "slot", "task").map_elements(
-        lambda r: (r["instance"], r["slot"], r["task"]) in dead_keys, return_dtype=pl.Boolean)) if dead_keys else mine
+    if dead_keys:  # a dead slot's long requests are told by the dead-slot sentence, not again as runaways
+        told = pl.DataFrame(list(dead_keys), schema={"instance": mine.schema["instance"], "slot": mine.schema["slot"],
+                                                     "task": mine.schema["task"]}, orient="row")
+        mine = mine.join(told, on=["instance", "slot", "task"], how="anti", nulls_equal=True)
     if mine.height == 0:
         return []
     toks, normal = mine["gen_tokens"], mine["normal_tokens"]
@@ -226,7 +228,7 @@ def verdict(store: Store, runs: str | list[str] | None = None) -> list[RunVerdic
     over = findings.find_prompt_over_context(store, runs)  # type: ignore[arg-type]
     errors = findings.error_groups(store, names)  # type: ignore[arg-type]
     caps = {r["run"]: r for r in findings.caps_by_run(store, runs).iter_rows(named=True)}
-    items = _missing_items(store, names)
+    items = findings.missing_items(store, names)
     ends = _run_ends(store, names)
     loc = _Locations(store, names)
     counts = dict(loc.df.group_by("run").len().iter_rows())
@@ -282,16 +284,5 @@ def _run_names(store: Store, runs: str | list[str] | None) -> list[str]:
     con = store.connect(tables=[])
     try:
         return findings._resolve(con, runs, store)
-    finally:
-        con.close()
-
-
-def _missing_items(store: Store, runs: list[str]) -> pl.DataFrame:
-    """Expected items that did not finish ok, from the replay ``items`` table (its rules decide what is
-    expected of each stage)."""
-    con = store.connect(tables=["items"])
-    try:
-        return fetch_pl(con, "SELECT run, item, stage FROM items WHERE list_contains($runs, run) "
-                             "AND NOT coalesce(done, false) ORDER BY run, item, stage", {"runs": runs})
     finally:
         con.close()

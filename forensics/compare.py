@@ -1,0 +1,159 @@
+"""What changed between two runs: np, throughput, latency percentiles, findings and missing items.
+
+Every number comes from the one place that defines it: the run metrics from ``metrics.throughput``, the
+findings from ``verdict`` (itself written from ``forensics.findings``), the missing items from
+``findings.missing_items``.  This module only lines the two runs up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from forensics import findings, metrics
+from forensics.store import Store
+from forensics.verdict import RunVerdict, verdict
+
+# (column of metrics.throughput, what it is in words, higher is better?)
+METRICS: tuple[tuple[str, str, bool | None], ...] = (
+    ("np", "parallel slots (np)", None),
+    ("requests", "requests", None),
+    ("failed", "failed requests", False),
+    ("wall_s", "wall time (s)", False),
+    ("gen_tok_per_s", "throughput (generated tokens/s)", True),
+    ("req_per_s", "requests/s", True),
+    ("latency_p50_s", "latency p50 (s)", False),
+    ("latency_p90_s", "latency p90 (s)", False),
+    ("latency_p95_s", "latency p95 (s)", False),
+    ("latency_p99_s", "latency p99 (s)", False),
+    ("latency_max_s", "latency max (s)", False),
+    ("effective_concurrency", "effective concurrency", None),
+    ("peak_busy_slots", "peak busy slots", None),
+)
+# (fact kind of the verdict, what it counts, the field holding the count or None for one per fact)
+FINDINGS: tuple[tuple[str, str, str | None], ...] = (
+    ("dead_slot", "dead slots", None),
+    ("crash", "crashes", None),
+    ("runaway", "runaways", "runaways"),
+    ("prompt_over_context", "prompts over the context", "prompts"),
+)
+LATENCIES = ("latency_p50_s", "latency_p90_s", "latency_p95_s", "latency_p99_s")
+
+
+@dataclass
+class Comparison:
+    a: str
+    b: str
+    table: pl.DataFrame  # metric, <a>, <b>, change, change_pct, better (a word: a, b or "")
+    items: pl.DataFrame  # item, stage, missing_in: the items missing in one run or both
+    sentences: list[str] = field(default_factory=list)
+    metrics: pl.DataFrame = field(default_factory=pl.DataFrame)  # metrics.throughput rows of a and b
+
+
+def _finding_counts(v: RunVerdict) -> dict[str, float]:
+    counts = {}
+    for kind, name, count_field in FINDINGS:
+        facts = [f for f in v.facts if f.kind == kind]
+        counts[name] = float(sum(f.fields.get(count_field, 0) for f in facts) if count_field else len(facts))
+    return counts
+
+
+def _rows(m: pl.DataFrame, verdicts: dict[str, RunVerdict], items: pl.DataFrame, a: str,
+          b: str) -> list[tuple[str, float | None, float | None, bool | None]]:
+    ma, mb = (m.filter(pl.col("run") == r).row(0, named=True) for r in (a, b))
+    rows = [(label, _num(ma.get(col)), _num(mb.get(col)), better) for col, label, better in METRICS]
+    fa, fb = _finding_counts(verdicts[a]), _finding_counts(verdicts[b])
+    rows += [(name, fa[name], fb[name], False) for _, name, _ in FINDINGS]
+    lost = dict(items.group_by("run").agg(pl.col("item").n_unique()).iter_rows())
+    rows.append(("items missing", float(lost.get(a, 0)), float(lost.get(b, 0)), False))
+    return rows
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _better(va: float | None, vb: float | None, higher: bool | None, a: str, b: str) -> str:
+    if higher is None or va is None or vb is None or va == vb:
+        return ""
+    return b if (vb > va) == higher else a
+
+
+def _table(rows: list[tuple[str, float | None, float | None, bool | None]], a: str, b: str) -> pl.DataFrame:
+    df = pl.DataFrame(rows, schema={"metric": pl.String, a: pl.Float64, b: pl.Float64, "_higher": pl.Boolean},
+                      orient="row")
+    return df.with_columns(
+        (pl.col(b) - pl.col(a)).alias("change"),
+        pl.when(pl.col(a) != 0).then((pl.col(b) - pl.col(a)) / pl.col(a) * 100).alias("change_pct"),
+        pl.Series("better", [_better(r[1], r[2], r[3], a, b) for r in rows], dtype=pl.String),
+    ).drop("_higher")
+
+
+def _missing_in(items: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
+    """Items missing in a, in b, or in both (one row per item and stage)."""
+    keys = ["item", "stage"]
+    ia = items.filter(pl.col("run") == a).select(keys).unique().with_columns(pl.lit(True).alias("_a"))
+    ib = items.filter(pl.col("run") == b).select(keys).unique().with_columns(pl.lit(True).alias("_b"))
+    both = ia.join(ib, on=keys, how="full", coalesce=True, nulls_equal=True)
+    where = pl.when(pl.col("_a") & pl.col("_b")).then(pl.lit("both")).when(pl.col("_a")).then(pl.lit(a)) \
+        .otherwise(pl.lit(b))
+    order = pl.when(pl.col("_a") & pl.col("_b")).then(2).when(pl.col("_a")).then(0).otherwise(1)
+    return both.sort(order, "item", "stage", nulls_last=True).select(*keys, where.alias("missing_in"))
+
+
+def compare(store: Store, a: str, b: str) -> Comparison:
+    """Line up runs ``a`` and ``b``: their metrics and findings side by side, with the change from a to b."""
+    runs = metrics.resolve_runs(store, [a, b])
+    if len(runs) != 2:
+        raise _same_run(a)
+    m = metrics.throughput(store, runs)
+    verdicts = {v.run: v for v in verdict(store, runs)}
+    items = findings.missing_items(store, runs)
+    table = _table(_rows(m, verdicts, items, a, b), a, b)
+    cmp = Comparison(a, b, table, _missing_in(items, a, b), metrics=m)
+    cmp.sentences = _sentences(cmp)
+    return cmp
+
+
+def _same_run(a: str) -> Exception:
+    from forensics.errors import NotFoundError
+
+    return NotFoundError(f"compare needs two different runs, got {a!r} twice", hint="name two runs")
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f" ({v:+.0f}%)"
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.0f}" if v == int(v) else f"{v:.2f}" if abs(v) < 100 else f"{v:.1f}"
+
+
+def _sentences(cmp: Comparison) -> list[str]:
+    """What changed, in words: one sentence per group (setup, speed, latency, findings, items)."""
+    t = {r["metric"]: r for r in cmp.table.iter_rows(named=True)}
+    a, b = cmp.a, cmp.b
+
+    def pair(metric: str, unit: str = "") -> str:
+        r = t[metric]
+        return f"{_fmt(r[a])}{unit} → {_fmt(r[b])}{unit}{_pct(r['change_pct'])}"
+
+    out = [f"{a} → {b}: np {pair('parallel slots (np)')}, {pair('requests')} requests.",
+           f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}; wall time {pair('wall time (s)', ' s')}.",
+           f"Latency p50 {pair('latency p50 (s)', ' s')}, p95 {pair('latency p95 (s)', ' s')}."]
+    found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for _, name, _ in FINDINGS
+             if (t[name][a] or 0) + (t[name][b] or 0) > 0]
+    if found:
+        out.append("Findings: " + ", ".join(found) + ".")
+    if cmp.items.height:
+        parts = []
+        for who, label in ((a, f"only in {a}"), (b, f"only in {b}"), ("both", "in both")):
+            names = list(dict.fromkeys(cmp.items.filter(pl.col("missing_in") == who)["item"].to_list()))
+            if names:
+                parts.append(f"{label}: {', '.join(names[:8])}" + (f" and {len(names) - 8} more" if len(names) > 8
+                                                                    else ""))
+        out.append("Items missing " + "; ".join(parts) + ".")
+    return out
