@@ -204,31 +204,16 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
         m = metrics.throughput(store, runs, source=source)
         sc = metrics.scaling(m, by=by, store=store)
         return throughput_chart(sc) if kind == "throughput" else latency_chart(sc)
-    # per-request charts: the server's slots are the lanes when the log has them
-    src = "server" if source == "auto" and has_server_requests(store, runs) else source
-    ri = metrics.request_intervals(store, runs, source=src)
-    if kind == "busy":
-        return busy_chart(ri)
     from forensics import findings
 
-    ri = metrics.with_classes(ri, findings.request_classes(store, runs))
+    if kind == "busy":
+        return busy_chart(metrics.request_intervals(store, runs, source=metrics.lanes_source(store, runs, source)))
+    ri = findings.classified_requests(store, runs, source=source)
     if kind == "timeline":
         return timeline_chart(ri)
     return tokens_chart(ri, findings.recommend_cap(store, runs).cap)
 
 
-def has_server_requests(store: Store, runs: list[str] | None) -> bool:
-    con = store.connect(tables=["requests"])
-    try:
-        names = runs or [r[0] for r in con.execute("SELECT DISTINCT run FROM requests").fetchall()]
-        n = con.execute("SELECT count(*) FROM requests WHERE list_contains($runs, run)",
-                        {"runs": list(names)}).fetchone()
-    finally:
-        con.close()
-    return bool(n and n[0])
-
-
-# ---------------------------------------------------------------------------------------- output
 def spec(chart: alt.Chart) -> dict[str, Any]:
     """The Vega-Lite spec with its data inline and no ``$schema`` URL."""
     d = chart.to_dict()

@@ -50,7 +50,9 @@ def prepare_out(out: Path) -> None:
     (out / MARKER).write_text("made by `forensics demo`: the next demo with this --out replaces this folder\n")
 
 
-def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
+def build_demo_store(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> Store:
+    """The demo's logs and records generated into ``out/logs`` and ingested into ``out/store`` (``out`` is
+    prepared as ``prepare_out`` says); the store, ready to explore."""
     prepare_out(out)
     logs = out / "logs"
     gen = generate(demo_scenarios(), out, fmt="era5", seed=seed)
@@ -60,7 +62,12 @@ def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -
     res = ingest(store_dir, [logs], keep_going=True)
     t = res.totals
     echo(f"demo: ingested {len(res.files)} files, {t['lines']} lines, {t['requests']} requests into {store_dir}")
-    store = Store(store_dir)
+    return Store(store_dir)
+
+
+def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
+    store = build_demo_store(out, seed=seed, echo=echo)
+    store_dir = out / "store"
     result = DemoResult(store_dir)
     result.verdict = [v.paragraph() for v in verdict(store)]
     result.sections.append(("requests per run", summary(store)["requests"]))

@@ -371,6 +371,16 @@ class CapResult:
         return asdict(self)
 
 
+def classified_requests(store: Store, runs: str | list[str] | None = None, *, source: str = "auto") -> pl.DataFrame:
+    """Each request's interval on its run's clock (``metrics.request_intervals``, the server's requests when
+    the log has them) with its ``class`` from ``request_classes``: what every per-request chart draws."""
+    from forensics import metrics
+
+    names = [runs] if isinstance(runs, str) else list(runs or [])
+    ri = metrics.request_intervals(store, names, source=metrics.lanes_source(store, names, source))
+    return metrics.with_classes(ri, request_classes(store, names))
+
+
 def cap_step(x: float) -> int:
     """Rounding step for a cap near ``x``: a quarter of the power of two below it, at least 64
     (≤ 511 → 64, 512-1023 → 128, 1024-2047 → 256, 2048-4095 → 512, ...)."""

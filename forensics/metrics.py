@@ -95,6 +95,20 @@ def resolve_runs(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | Non
     return list(dict.fromkeys(runs))
 
 
+def lanes_source(store: Store, runs: list[str] | None, source: str = "auto") -> str:
+    """The requests a per-request chart draws: with ``auto``, the server's when its log has requests for
+    ``runs`` (the slots are the lanes), else the replay records."""
+    if source != "auto":
+        return source
+    names = resolve_runs(store, runs)
+    con = store.connect(tables=["requests"])
+    try:
+        n = con.execute("SELECT count(*) FROM requests WHERE list_contains($runs, run)", {"runs": names}).fetchone()
+    finally:
+        con.close()
+    return "server" if n and n[0] else "auto"
+
+
 def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
                       source: str = "auto") -> pl.DataFrame:
     """One row per request with ``start_s``/``end_s`` on its run's clock (see request_intervals.sql)."""

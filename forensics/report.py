@@ -185,13 +185,11 @@ def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
 def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[str]) -> str:
     from forensics import findings
 
-    src = "server" if charts.has_server_requests(store, runs) else "auto"
-    ri = metrics.request_intervals(store, runs, source=src)
-    classes, why = _computed(lambda: findings.request_classes(store, runs))
-    if why:
+    classed, why = _computed(lambda: findings.classified_requests(store, runs))
+    if why:  # the timeline is still drawn, every bar "unclassified", and the page says why
         notes.append(f"classes: {why}")
-    ri = metrics.with_classes(ri, classes if classes is not None else pl.DataFrame(
-        schema={"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64, "class": pl.String}))
+    ri = classed if classed is not None else metrics.request_intervals(
+        store, runs, source=metrics.lanes_source(store, runs)).with_columns(pl.lit("unclassified").alias("class"))
     cap_res, _ = _computed(lambda: findings.recommend_cap(store, runs))
     parts = ['<h2 id="timeline">Timeline</h2>',
              '<p class="note">One lane per slot, one bar per request, coloured by what the findings say of it.</p>'
@@ -208,20 +206,15 @@ def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[st
     return "\n".join([*parts, "<h3>Failed requests</h3>", html_table(failed)])
 
 
-BROKEN_KINDS = ("dead_slot", "crash", "ended")  # facts that make a run measure a broken server
-
-
 def _throughput_section(store: Store, runs: list[str], verdicts: list[Any], charts: Any) -> tuple[str, str]:
     """The throughput of the comparable runs (with which they are and which were left out), and the named
     runs' own metrics."""
-    from forensics.verdict import verdict
+    from forensics.verdict import comparable_healthy_runs
 
-    pool = metrics.comparable_runs(store, runs).runs  # the sweep, before its broken runs are known
-    known = {v.run for v in verdicts}
-    more, _ = _computed(lambda: verdict(store, [r for r in pool if r not in known])) if set(pool) - known else ([], "")
-    broken = {v.run: "; ".join(f.sentence for f in v.facts if f.kind in BROKEN_KINDS)
-              for v in [*verdicts, *(more or [])] if any(f.kind in BROKEN_KINDS for f in v.facts)}
-    comp = metrics.comparable_runs(store, runs, broken=broken)
+    comp, why = _computed(lambda: comparable_healthy_runs(store, runs, verdicts))
+    if comp is None:  # the verdicts could not be computed: pool the sweep, and say broken runs may be in it
+        comp = metrics.comparable_runs(store, runs)
+        comp.basis += f" (broken runs could not be told apart: {why})"
     m_all = metrics.throughput(store, comp.runs) if comp.runs else pl.DataFrame()
     parts = ['<h2 id="throughput">Throughput</h2>',
              f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>"]

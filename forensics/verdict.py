@@ -12,7 +12,8 @@ from typing import Any
 
 import polars as pl
 
-from forensics import findings
+from forensics import findings, metrics
+from forensics.metrics import Comparable
 from forensics.store import Store, fetch_pl
 
 
@@ -286,3 +287,19 @@ def _run_names(store: Store, runs: str | list[str] | None) -> list[str]:
         return findings._resolve(con, runs, store)
     finally:
         con.close()
+
+
+BROKEN_KINDS = ("dead_slot", "crash", "ended")  # facts that make a run measure a broken server
+
+
+def comparable_healthy_runs(store: Store, runs: list[str], known: list[RunVerdict] | None = None) -> Comparable:
+    """The runs a throughput comparison for ``runs`` may pool (``metrics.comparable_runs``: the runs named, or
+    one run's sweep), less those that measured a broken server (a dead slot, a crash, a run that did not
+    complete), each left out with its verdict's sentences.  ``known``: verdicts already computed."""
+    have = {v.run: v for v in known or []}
+    pool = metrics.comparable_runs(store, runs).runs
+    todo = [r for r in pool if r not in have]
+    have.update({v.run: v for v in (verdict(store, todo) if todo else [])})
+    broken = {r: "; ".join(f.sentence for f in v.facts if f.kind in BROKEN_KINDS) for r, v in have.items()
+              if any(f.kind in BROKEN_KINDS for f in v.facts)}
+    return metrics.comparable_runs(store, runs, broken=broken)
