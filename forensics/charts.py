@@ -20,8 +20,9 @@ import polars as pl
 from forensics import metrics
 from forensics.errors import InputError
 from forensics.store import Store
+from forensics.vocab import CHART_KINDS
 
-KINDS = ("throughput", "latency", "timeline", "tokens", "busy")
+KINDS = CHART_KINDS
 EXTENSIONS = (".html", ".png", ".svg", ".json")
 VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
 KNEE_COLOR = "#333333"

@@ -46,6 +46,14 @@ def resolve_store(path: Path | None) -> Path:
     return path if path is not None else default_store_path()
 
 
+def open_store(path: Path | None) -> Any:
+    """The store at ``--store`` (else $FORENSICS_STORE, else ./forensics-store); a missing one is an error
+    that says to ingest first."""
+    from forensics.store import Store
+
+    return Store(resolve_store(path))
+
+
 class ForensicsGroup(click.Group):
     """Turns errors into one line on stderr and their exit code, for every command: the library's own
     errors exit 2, anything else is a bug and exits 3 (``bug_boundary``)."""

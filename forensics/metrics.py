@@ -28,11 +28,10 @@ import polars as pl
 
 from forensics.errors import InputError, NotFoundError, QueryError
 from forensics.store import Store, fetch_pl
+from forensics.vocab import SOURCES
 
 QUERIES = Path(__file__).resolve().parent / "queries"
 KNEE_GAIN = 0.10  # the knee: first step where throughput grows less than 10 % per extra slot
-SOURCES = ("auto", "server", "records")
-REQUEST_CLASSES = ("normal", "runaway", "dead slot", "failed")
 
 
 @cache

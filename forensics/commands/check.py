@@ -1,4 +1,4 @@
-"""``forensics check``."""
+"""``forensics check``: verify the store and say how to repair it."""
 
 from __future__ import annotations
 
@@ -7,23 +7,29 @@ from pathlib import Path
 
 import click
 
+from forensics import cli as cli_mod
+
+
+@click.command(epilog="""\b
+Examples:
+  forensics check                          every part present, readable, counted right
+  forensics check --store runs/store --format json
+""")
+@cli_mod.format_option
+@cli_mod.store_option
+@click.pass_context
+def check(ctx: click.Context, fmt: str, store_path: Path | None) -> None:
+    """Verify the store (parts present, schemas, counts agree) and say how to repair it; exit 1 when a
+    problem is found."""
+    from forensics.check import check_store  # pyarrow.parquet: loaded only for this command
+    from forensics.errors import ExitCode
+    from forensics.render import render
+
+    df = check_store(cli_mod.open_store(store_path))
+    render(df, fmt, sys.stdout)
+    if (df["status"] == "problem").any():
+        ctx.exit(int(ExitCode.FINDINGS))
+
 
 def register(cli: click.Group) -> None:
-    from forensics import cli as cli_mod
-
-    @cli.command()
-    @cli_mod.format_option
-    @cli_mod.store_option
-    def check(fmt: str, store_path: Path | None) -> None:
-        """Verify the store (parts present, schemas, counts agree) and say how to repair it.
-
-        Exit 1 when a problem is found.
-        """
-        from forensics.check import check_store  # pyarrow.parquet: loaded only for this command
-        from forensics.render import render
-        from forensics.store import Store
-
-        df = check_store(Store(cli_mod.resolve_store(store_path)))
-        render(df, fmt, sys.stdout)
-        if (df["status"] == "problem").any():
-            sys.exit(1)
+    cli.add_command(check)

@@ -1,4 +1,5 @@
-"""``forensics demo``: build a realistic scenario, ingest it into a fresh store, print findings, write the report."""
+"""``forensics demo``: build a realistic scenario, ingest it into a fresh store, print the verdict and
+findings, write the report."""
 
 from __future__ import annotations
 
@@ -8,24 +9,33 @@ from pathlib import Path
 import click
 
 
-def register(cli: click.Group) -> None:
-    @cli.command()
-    @click.option("--out", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
-                  help="Folder for the generated logs, the store and the report (a folder an earlier demo made is replaced; any other folder must be empty).")
-    @click.option("--seed", type=int, default=7, show_default=True)
-    def demo(out: Path, seed: int) -> None:
-        """Generate a scenario (runs at np 1..8, a dead slot, a runaway, missing items), analyse it, write a report."""
-        from forensics import demo as demo_mod  # the generator, findings and report load only when asked for
-        from forensics.render import render
+@click.command(epilog="""\b
+Examples:
+  forensics demo                       logs, store and report in ./demo-out
+  forensics demo --out /tmp/demo       somewhere else (a new or empty folder, or an earlier demo's)
+""")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
+              help="Folder for the generated logs, the store and the report (a folder an earlier demo made is "
+                   "replaced; any other folder must be empty).")
+@click.option("--seed", type=int, default=7, show_default=True, help="Random seed of the scenario.")
+def demo(out: Path, seed: int) -> None:
+    """Generate a scenario (runs at np 1..8, a dead slot, runaways, missing items), analyse it: the verdict
+    and findings on stdout, the report in OUT/report.html."""
+    from forensics import demo as demo_mod  # the generator, findings and report load only when asked for
+    from forensics.render import render
 
-        result = demo_mod.run_demo(out, seed=seed, echo=lambda m: click.echo(m, err=True))
-        click.echo("# verdict")
-        for paragraph in result.verdict:
-            click.echo(paragraph)
+    result = demo_mod.run_demo(out, seed=seed, echo=lambda m: click.echo(m, err=True))
+    click.echo("# verdict")
+    for paragraph in result.verdict:
+        click.echo(paragraph)
+    click.echo("")
+    for title, df in result.sections:
+        click.echo(f"# {title}")
+        render(df, "table", sys.stdout)
         click.echo("")
-        for title, df in result.sections:
-            click.echo(f"# {title}")
-            render(df, "table", sys.stdout)
-            click.echo("")
-        for line in result.notes:
-            click.echo(line, err=True)
+    for line in result.notes:
+        click.echo(line, err=True)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(demo)

@@ -10,7 +10,11 @@ import click
 def register(cli: click.Group) -> None:
     from forensics.generate import FORMATS, SCENARIOS, WRAPPERS, generate, parse_size
 
-    @cli.command("generate")
+    @cli.command("generate", epilog="""\b
+Examples:
+  forensics generate sim/                          the demo scenario's logs, records and ground truth
+  forensics generate big/ --size 1GB --format era4   a large log for benchmarks
+""")
     @click.argument("out_dir", type=click.Path(path_type=Path))
     @click.option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="demo", show_default=True,
                   help="Preset scenario to simulate.")
