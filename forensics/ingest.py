@@ -194,6 +194,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str]] = []
+        self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
@@ -658,6 +659,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
+        files = _skip_duplicates(ing, files)
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
@@ -683,7 +685,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
                     ing.files_meta[file_id_of(path)] = meta_before
                 ing.result.errors.append(exc.one_line())
                 ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
-        if ing.records:
+        if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
             try:
                 _ingest_records(ing, store)
@@ -714,6 +716,42 @@ class FilesNotRead(InputError):
             return
         super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read; the others were ingested",
                          hint="fix or remove them, or pass --keep-going to accept this")
+
+
+def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> list[tuple[Path, Path | None]]:
+    """Leave out the files whose content another file of the same run repeats (``forensics.duplicates``),
+    saying which file each repeats; a stored file that a longer newcomer repeats has its rows dropped."""
+    from forensics import duplicates
+
+    new = {f.resolve() for f, _ in files}
+    runs = {f: run_of(f, ing.run, root) for f, root in files}
+    in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
+    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
+    wanted = set(runs.values())
+    cands += [duplicates.Candidate(p, str(m["run"]), True) for fid, m in ing.files_meta.items()
+              if fid in in_store and m.get("run") in wanted and (p := _stored_path(m)) is not None
+              and p.resolve() not in new]
+    dups = {d.path: d for d in duplicates.find(cands)}
+    for d in dups.values():
+        ing.result.files.append(FileReport(str(d.path), "duplicate", "duplicate", message=d.describe()))
+        fid = file_id_of(d.path)
+        if fid in in_store:  # its rows are in the store: they go, the file it repeats is read instead
+            ing._drop_file_parts(fid)
+            if str(ing.files_meta[fid].get("format", "")).startswith("records"):
+                ing.dropped_records.append(str(ing.files_meta[fid].get("path")))
+        meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
+        ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
+    return [(f, root) for f, root in files if f not in dups]
+
+
+def _stored_path(meta: dict[str, Any]) -> Path | None:
+    """The file a stored entry was read from, if it is still there unchanged."""
+    p = Path(str(meta.get("path", "")))
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return p if st.st_size == meta.get("size_bytes") and st.st_mtime == meta.get("mtime") else None
 
 
 def _finish_join(store: Store, ing: Ingestor) -> None:

@@ -51,7 +51,7 @@ def register(cli: click.Group) -> None:
         bar.close()
         for f in result.files:
             line = f"{f.status:<9} {f.path}  {f.kind}"
-            if f.status not in {"unchanged", "error"} and not f.kind.startswith("records"):
+            if f.status not in {"unchanged", "error", "duplicate"} and not f.kind.startswith("records"):
                 line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
                          f"requests={f.requests}")
             if f.message:
