@@ -71,6 +71,7 @@ class IngestResult:
     unknown_shapes: list[tuple[str, int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     bugs: int = 0  # files not read because of an internal error
+    mapping_failed: str = ""  # the --mapping read nothing from any file it names (an error even with --keep-going)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -193,7 +194,8 @@ class Ingestor:
         self.unknown = Counter[str]()
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
-        self.records: list[tuple[Path, str, str]] = []
+        self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
+        self.mapping_names: Any = None  # the loaded --mapping (its files globs), set by ``ingest``
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
@@ -213,17 +215,15 @@ class Ingestor:
                 and (self.mapping is None or not str(prev.get("format", "")).startswith("records")):
             self.result.files.append(FileReport(str(path), str(prev.get("format")), "unchanged"))
             done_bytes[0] += stat.st_size
+            self._requeue_records(path, prev, run)
             return
         fmt_name = self.forced.name if self.forced else None
-        # replay records are told by their content (a manifest or attempt object): they are never logs
-        records_kind = self._canonical_records(path) if fmt_name is None else None
-        if records_kind is not None:
-            self._queue_records(path, records_kind, run)
+        if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
         if fmt_name is None:
             fmt_name = detect_format(path)
-        if fmt_name is None and self.mapping is not None:  # a harness's own records, read by the mapping
-            self._queue_records(path, "mapped", run)
+        if fmt_name is None and self.mapping is not None and not self.mapping_names.has_globs:
+            self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
             if stat.st_size == 0 or (compression and not read_head(path, 1)):
@@ -267,17 +267,38 @@ class Ingestor:
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
                     total_bytes, done_bytes, dropped)
 
-    @staticmethod
-    def _canonical_records(path: Path) -> str | None:
-        """``manifest`` or ``attempts`` when the file holds the canonical replay records, else None."""
+    def _records_kind(self, path: Path, run: str, *, named: bool) -> bool:
+        """Queue ``path`` as replay records when it is: canonical records (told by their content, never
+        logs), a file the --mapping names in its ``files`` globs, or a file named on the command line that a
+        mapping without globs reads (in a folder, such a mapping reads what is neither records nor a log)."""
         from forensics import replay
 
-        return replay.detect(path)
+        kind = replay.detect(path)
+        mp = self.mapping_names
+        if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
+            kind = "mapped"
+        if kind is not None:
+            self._queue_records(path, kind, run)
+        return kind is not None
 
-    def _queue_records(self, path: Path, kind: str, run: str) -> None:
+    def _queue_records(self, path: Path, kind: str, run: str, mapping: str | None = None,
+                       status: str = "pending") -> None:
         """Replay records are loaded together once every file was seen (see ``_ingest_records``)."""
-        self.result.files.append(FileReport(str(path), f"records:{kind}", "pending"))
-        self.records.append((path, kind, run))
+        self.result.files.append(FileReport(str(path), f"records:{kind}", status))
+        self.records.append((path, kind, run, mapping or (str(self.mapping) if kind == "mapped" else None)))
+
+    def _requeue_records(self, path: Path, prev: dict[str, Any], run: str) -> None:
+        """An unchanged records file is read again with the others: a log that came since, a manifest, or
+        --run may tie or anchor its records differently now."""
+        fmt = str(prev.get("format", ""))
+        kind = fmt.removeprefix("records:")
+        if not fmt.startswith("records:") or kind not in ("manifest", "attempts", "mapped", "summary"):
+            return
+        if kind in ("mapped", "summary") and not prev.get("mapping"):
+            return  # read by a mapping this store does not remember
+        self.result.files.pop()
+        kind = "mapped" if kind == "summary" else kind
+        self._queue_records(path, kind, run, prev.get("mapping"), status="unchanged")
 
     def _drop_file_parts(self, fid: str) -> dict[str, list[str]]:
         """Stage the removal of every part this file wrote before; return them by table."""
@@ -651,14 +672,17 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
+    loaded = None
     if mapping is not None:  # a bad mapping fails before anything is read
         from forensics import replay
 
-        replay.load_mapping(mapping)
+        loaded = replay.load_mapping(mapping)
+        mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
+        ing.mapping_names = loaded
         files = _skip_duplicates(ing, files)
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
@@ -698,7 +722,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
-        if ing.result.errors and (not keep_going or ing.result.bugs):
+        if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
     return ing.result
 
@@ -713,6 +737,9 @@ class FilesNotRead(InputError):
             self.exit_code = ExitCode.INTERNAL
             super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read, {result.bugs} of them because of "
                              "a bug; the others were ingested", hint=BUG_HINT)
+            return
+        if result.mapping_failed:
+            super().__init__(result.mapping_failed, hint="see the errors above; the other files were ingested")
             return
         super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read; the others were ingested",
                          hint="fix or remove them, or pass --keep-going to accept this")
@@ -768,18 +795,21 @@ def _finish_join(store: Store, ing: Ingestor) -> None:
 
 
 def _ingest_records(ing: Ingestor, store: Store) -> None:
-    """Hand replay-record files to forensics.replay, then account for them in the ``files`` table."""
+    """Hand replay-record files to forensics.replay, then account for them in the ``files`` table (a file
+    that could not be read is not recorded: the next ingest reads it again)."""
     from forensics import replay
 
     replay.ingest_into(ing, store)
-    reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:")}
-    for path, kind, run in ing.records:
+    reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:") or f.status == "error"}
+    for path, _kind, run, mapping in ing.records:
         rep = reports.get(str(path))
+        if rep is None or rep.status == "error":
+            continue
         stat = path.stat()
         head_sha = hashlib.sha256(read_head(path, 4096)).hexdigest()
-        good, bad = (rep.parsed, rep.unparsed) if rep is not None else (0, 0)
-        ing._record_file(file_id_of(path), path, run, f"records:{kind}", compression_of(path), stat, head_sha,
-                         stat.st_size, 0, Counter(), good + bad, good, bad, 0, state=None)
+        ing._record_file(file_id_of(path), path, run, rep.kind, compression_of(path), stat, head_sha,
+                         stat.st_size, 0, Counter(), rep.parsed + rep.unparsed, rep.parsed, rep.unparsed, 0,
+                         state={"mapping": mapping} if mapping else None)
 
 
 def _join_runs(store: Store) -> list[str]:
