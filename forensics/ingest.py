@@ -197,6 +197,7 @@ class Ingestor:
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
         self.mapping_names: Any = None  # the loaded --mapping (its files globs), set by ``ingest``
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
+        self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
@@ -288,17 +289,25 @@ class Ingestor:
         self.records.append((path, kind, run, mapping or (str(self.mapping) if kind == "mapped" else None)))
 
     def _requeue_records(self, path: Path, prev: dict[str, Any], run: str) -> None:
-        """An unchanged records file is read again with the others: a log that came since, a manifest, or
-        --run may tie or anchor its records differently now."""
+        """Remember an unchanged records file: ``requeue_unchanged`` reads it again when another file of its
+        run changed (a log that came since ties its records; a manifest anchors their times)."""
         fmt = str(prev.get("format", ""))
         kind = fmt.removeprefix("records:")
         if not fmt.startswith("records:") or kind not in ("manifest", "attempts", "mapped", "summary"):
             return
         if kind in ("mapped", "summary") and not prev.get("mapping"):
             return  # read by a mapping this store does not remember
-        self.result.files.pop()
-        kind = "mapped" if kind == "summary" else kind
-        self._queue_records(path, kind, run, prev.get("mapping"), status="unchanged")
+        self.unchanged_records.append((path, "mapped" if kind == "summary" else kind, run, prev.get("mapping")))
+
+    def requeue_unchanged(self) -> None:
+        """Queue the unchanged records files of the runs that a file of this ingest changed."""
+        changed = {run for _, _, run, _ in self.records}
+        changed |= {str(self.files_meta.get(file_id_of(Path(f.path)), {}).get("run")) for f in self.result.files
+                    if f.status in ("ingested", "appended", "replaced")}
+        for path, kind, run, mapping in self.unchanged_records:
+            if run in changed:
+                self.result.files = [f for f in self.result.files if f.path != str(path)]
+                self._queue_records(path, kind, run, mapping, status="unchanged")
 
     def _drop_file_parts(self, fid: str) -> dict[str, list[str]]:
         """Stage the removal of every part this file wrote before; return them by table."""
@@ -709,6 +718,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
                     ing.files_meta[file_id_of(path)] = meta_before
                 ing.result.errors.append(exc.one_line())
                 ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
+        ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
             try:
