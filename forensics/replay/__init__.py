@@ -112,27 +112,3 @@ def ingest_records(target: Any, records: Records, *, replace_runs: bool = True,
     if isinstance(target, Store):
         txn.commit()
     return counts
-
-
-def existing_records(store: Any, runs: Sequence[str], exclude_sources: Sequence[str]) -> Records:
-    """Records of ``runs`` already in the store, except those read from ``exclude_sources``."""
-    out = Records()
-    if not runs:
-        return out
-    excl = [str(s) for s in exclude_sources]
-    for table in ("runs", "attempts"):
-        df = store.table(table)
-        if df.height:
-            setattr(out, table, schema.conform(
-                df.filter(pl.col("run").is_in(list(runs)) & ~pl.col("source").is_in(excl)), table))
-    return out
-
-
-def runs_of_sources(store: Any, sources: Sequence[str]) -> list[str]:
-    """The runs that hold records read from ``sources`` (to rewrite when those files are read again)."""
-    out: set[str] = set()
-    for table in ("runs", "attempts"):
-        df = store.table(table)
-        if df.height:
-            out |= set(df.filter(pl.col("source").is_in([str(s) for s in sources]))["run"].to_list())
-    return sorted(out)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from forensics.replay.records import RawRecord
+from forensics.replay.records import RawRecord, parse_time
 
 MANIFEST = "manifest"  # anchor at the run manifest's started_at
 TIME_KEYS = ("started_at", "ended_at")
@@ -69,8 +69,6 @@ def _wanted(members: list[RawRecord]) -> str:
 
 def manifest_starts(raws: list[RawRecord], known: dict[str, datetime]) -> dict[str, datetime]:
     """Run -> manifest started_at, from the manifests among ``raws`` (ISO strings) over ``known`` ones."""
-    from forensics.replay.records import parse_time
-
     out = dict(known)
     for r in raws:
         if r.kind == "manifest" and isinstance(r.obj, dict) and isinstance(r.obj.get("started_at"), str):

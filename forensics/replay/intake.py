@@ -19,7 +19,7 @@ import polars as pl
 from forensics.errors import ForensicsError, MappingError, RecordError
 from forensics.replay.clock import manifest_starts, resolve
 from forensics.replay.identity import tie_runs
-from forensics.replay.mapping import Mapping, apply
+from forensics.replay.mapping import Mapping, apply, load_mapping
 from forensics.replay.records import RawRecord, RecordIssue, Records, build, canonical_raw
 
 SHOWN_PER_FILE = 3  # bad records listed one by one per file; the rest are counted
@@ -79,8 +79,11 @@ def read_files(files: Sequence[RecordFile], ctx: Context) -> Intake:
         warnings += tie_runs(raws, {str(f.path): f.folder_run for f in files}, set(ctx.log_runs), ctx.forced_run)
     warnings += resolve(raws, manifest_starts(raws, ctx.known_starts))
     recs = build(raws, run=ctx.fill_run)
-    _reject_whole_files(raws, recs, outcomes, {str(f.path) for f in files if f.kind == "mapped"})
-    warnings += recs.notes + _count(recs, outcomes) + _sampled(recs)
+    by_file: dict[str, list[RecordIssue]] = {}
+    for e in recs.errors:
+        by_file.setdefault(e.path, []).append(e)
+    _reject_whole_files(raws, recs, outcomes, by_file, {str(f.path) for f in files if f.kind == "mapped"})
+    warnings += recs.notes + _count(recs, outcomes, by_file) + _sampled(recs)
     return Intake(recs, outcomes, warnings)
 
 
@@ -118,24 +121,22 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
 
 
 def _reject_whole_files(raws: list[RawRecord], recs: Records, outcomes: dict[str, FileOutcome],
-                        mapped: set[str]) -> None:
-    """A file that gave records and kept none is an error (its issues are folded into that one line)."""
+                        by_file: dict[str, list[RecordIssue]], mapped: set[str]) -> None:
+    """A file that gave records and kept none is an error: its issues are folded into that one line (and
+    leave ``recs.errors`` and ``by_file``)."""
     given: dict[str, int] = {}
     for r in raws:
         given[r.path] = given.get(r.path, 0) + 1
     kept = set(recs.attempts["source"].to_list()) | set(recs.runs["source"].to_list())
-    issues: dict[str, list[RecordIssue]] = {}
-    for e in recs.errors:
-        issues.setdefault(e.path, []).append(e)
     for path, n in given.items():
-        if path in kept or path not in issues:
+        if path in kept or path not in by_file:
             continue
-        first = "; ".join(_reason(e) for e in issues[path][:SHOWN_PER_FILE])
+        first = "; ".join(_reason(e) for e in by_file.pop(path)[:SHOWN_PER_FILE])
         cls = MappingError if path in mapped else RecordError
         hint = "fix the mapping's fields" if path in mapped else "check the records against the record schema"
         outcomes[path].error = cls(f"all {n} record{'s' if n > 1 else ''} rejected (first: {first})", path=path,
                                    hint=hint)
-    recs.errors[:] = [e for e in recs.errors if outcomes.get(e.path) is None or outcomes[e.path].error is None]
+    recs.errors[:] = [e for e in recs.errors if e.path in by_file]
 
 
 def _reason(e: RecordIssue) -> str:
@@ -144,15 +145,12 @@ def _reason(e: RecordIssue) -> str:
     return f"{where}: {what}{e.message}" if where else f"{what}{e.message}"
 
 
-def _count(recs: Records, outcomes: dict[str, FileOutcome]) -> list[str]:
+def _count(recs: Records, outcomes: dict[str, FileOutcome], by_file: dict[str, list[RecordIssue]]) -> list[str]:
     """Good and bad records per file; the bad ones as warnings, at most three per file."""
     for src in recs.attempts["source"].to_list() + recs.runs["source"].to_list():
         if src in outcomes:
             outcomes[src].good += 1
     warnings: list[str] = []
-    by_file: dict[str, list[RecordIssue]] = {}
-    for e in recs.errors:
-        by_file.setdefault(e.path, []).append(e)
     for path, errs in by_file.items():
         if path in outcomes:
             outcomes[path].bad = len(errs)
@@ -168,17 +166,18 @@ def ingest_into(ing: Any, store: Any) -> None:
     run, mapping) tuples) together into its transaction ``ing.txn``, and report each file, each tie of
     runs and the bad records in ``ing.result``.  A file that cannot be read is that file's error; the
     others load."""
-    from forensics.replay import existing_records, ingest_records, runs_of_sources
+    from forensics.replay import ingest_records
 
     mappings: dict[str, Mapping] = {}
     files = [RecordFile(Path(p), kind, run, _mapping(m, mappings) if kind == "mapped" else None)
              for p, kind, run, m in ing.records]
+    stored = Records(runs=store.table("runs"), attempts=store.table("attempts"))
     intake = read_files(files, Context(forced_run=ing.run, log_runs=frozenset(log_runs(ing.files_meta)),
-                                       known_starts=_stored_starts(store)))
-    read = [p for p, o in intake.files.items() if o.error is None] + list(getattr(ing, "dropped_records", []))
-    stale = runs_of_sources(store, read)
-    existing = existing_records(store, sorted(set(intake.records.run_ids) | set(stale)), read)
-    ingest_records(ing.txn, intake.records, existing=existing, stale=stale)
+                                       known_starts=_starts(stored.runs)))
+    read = [p for p, o in intake.files.items() if o.error is None] + ing.dropped_records
+    stale = _runs_of_sources(stored, read)
+    ingest_records(ing.txn, intake.records, existing=_others(stored, set(intake.records.run_ids) | stale, read),
+                   stale=sorted(stale))
     ing.result.warnings.extend(intake.warnings)
     mapped = [str(f.path) for f in files if f.kind == "mapped"]
     if mapped and all(intake.files[p].error is not None for p in mapped):
@@ -192,8 +191,6 @@ def ingest_into(ing: Any, store: Any) -> None:
 
 
 def _mapping(source: Any, cache: dict[str, Mapping]) -> Mapping:
-    from forensics.replay.mapping import load_mapping
-
     key = str(source)
     if key not in cache:
         cache[key] = load_mapping(source)
@@ -219,8 +216,18 @@ def log_runs(files_meta: dict[str, Any]) -> set[str]:
             if not str(m.get("format", "")).startswith("records") and m.get("format") not in ("empty", "duplicate")}
 
 
-def _stored_starts(store: Any) -> dict[str, datetime]:
-    runs = store.table("runs")
-    if not runs.height:
-        return {}
+def _starts(runs: pl.DataFrame) -> dict[str, datetime]:
+    """Run -> its manifest's start, of the runs already in the store (anchors of relative times)."""
     return {r: t for r, t in runs.select("run", "started_at").iter_rows() if t is not None}
+
+
+def _runs_of_sources(stored: Records, sources: list[str]) -> set[str]:
+    """The stored runs that hold records read from ``sources`` (rewritten: those files may name other runs
+    now)."""
+    return {r for df in (stored.runs, stored.attempts) for r in df.filter(pl.col("source").is_in(sources))["run"]}
+
+
+def _others(stored: Records, runs: set[str], sources: list[str]) -> Records:
+    """The stored records of ``runs`` that were not read from ``sources``: they stay beside the new ones."""
+    keep = pl.col("run").is_in(sorted(runs)) & ~pl.col("source").is_in(sources)
+    return Records(runs=stored.runs.filter(keep), attempts=stored.attempts.filter(keep))

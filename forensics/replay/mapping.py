@@ -25,7 +25,7 @@ from forensics.errors import MappingError
 from forensics.paths import file_stem
 from forensics.replay import mapsql
 from forensics.replay.clock import MANIFEST, Relative
-from forensics.replay.records import RawRecord, read_text
+from forensics.replay.records import RawRecord, parse_time, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -458,7 +458,7 @@ def _record_rows(sec: Section, df: DataFile) -> tuple[list[_Row], bool]:
     return rows, found_any
 
 
-def _parallel_rows(sec: Section, df: DataFile, mapping: Mapping) -> tuple[list[_Row], bool]:
+def _parallel_rows(sec: Section, df: DataFile) -> tuple[list[_Row], bool]:
     """Rows of a parallel-arrays layout (row i = element i of each array the mapping reads), and whether
     any of those arrays is in the file (a summary-only result has none)."""
     names = _array_names(sec)
@@ -471,7 +471,6 @@ def _parallel_rows(sec: Section, df: DataFile, mapping: Mapping) -> tuple[list[_
                 if not arrays:
                     continue
                 found_any = True
-                _require(sec, root, mapping, df.path)
                 n = max(len(v) for v in arrays.values())
                 for i in range(n):
                     obj = {k: (v[i] if i < len(v) else None) for k, v in arrays.items()}
@@ -492,15 +491,11 @@ def _array_names(sec: Section) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _require(sec: Section, root: Any, mapping: Mapping, data: Path) -> None:
-    for spec in sec.fields:
-        if spec.path is None or spec.path in SPECIALS or spec.optional or spec.path.startswith(DOC):
-            continue
-        if all(get_path(root, a) is _MISSING for a in spec.alternatives or (spec.path,)):
-            keys = sorted(root) if isinstance(root, dict) else []
-            raise MappingError(
-                f"[attempts.fields] {spec.canonical} = {spec.path!r}: no such field in {data}",
-                path=mapping.source, hint=f"fields there: {', '.join(keys[:25]) or 'none'}")
+def _keys(obj: Any) -> list[str]:
+    """The fields a record has (a parallel-arrays row: its document's), for an error's hint."""
+    if isinstance(obj, _Parallel):
+        return _keys(obj.root)
+    return list(obj) if isinstance(obj, dict) else []
 
 
 def _resolve(section: Section, rows: list[_Row]) -> Section:
@@ -524,7 +519,7 @@ def _check_fields(section: Section, rows: list[_Row], mapping: Mapping, sec: str
         if spec.path is None or spec.path in SPECIALS or spec.optional:
             continue
         if all(_lookup_row(r, spec.path) is _MISSING for r in rows):
-            keys = sorted({k for r in rows[:50] if isinstance(r.obj, dict) for k in r.obj})
+            keys = sorted({k for r in rows[:50] for k in _keys(r.obj)})
             raise MappingError(
                 f"[{sec}.fields] {spec.canonical} = {spec.path!r}: no such field in {data}", path=mapping.source,
                 hint=f"fields there: {', '.join(keys[:25]) or 'none'}")
@@ -584,7 +579,7 @@ def _check_refs(section: Section, absent: set[mapsql.Path_], mapping: Mapping, s
             continue
         refs = [r for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS]
         if refs and all(r in absent for r in refs):
-            keys = sorted({k for r in rows[:50] if isinstance(r.obj, dict) for k in r.obj})
+            keys = sorted({k for r in rows[:50] for k in _keys(r.obj)})
             raise MappingError(
                 f"[{sec}.fields] {spec.canonical}: no record of {data} has "
                 f"{', '.join('.'.join(r) for r in refs)}", path=mapping.source,
@@ -748,8 +743,9 @@ def _apply_manifest(mapping: Mapping, sec: Section, df: DataFile, base: Path) ->
 def _apply_attempts(mapping: Mapping, sec: Section, df: DataFile, base: Path, out: Mapped) -> bool:
     """Append the attempts of ``df`` to ``out``; return whether the file has the section's records at all."""
     if sec.layout == "parallel_arrays":
-        rows, found = _parallel_rows(sec, df, mapping)
+        rows, found = _parallel_rows(sec, df)
         sec = _resolve(sec, rows)
+        _check_fields(sec, rows, mapping, "attempts", df.path)
     else:
         rows, found = _record_rows(sec, df)
         good = [r for r in rows if not isinstance(r.obj, _Invalid)]
@@ -793,8 +789,6 @@ def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evalua
             for row in (r for r in rows if r.group == g):
                 t = _convert(a, "time", _value(a, row, data, computed))
                 if isinstance(t, str):
-                    from forensics.replay.records import parse_time
-
                     try:
                         at = parse_time(t, "anchor")
                     except ValueError:
