@@ -195,7 +195,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
-        self.mapping_names: Any = None  # the loaded --mapping (its files globs), set by ``ingest``
+        self.loaded_mapping: Any = None  # the --mapping, loaded (its files globs decide what it reads)
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
@@ -223,7 +223,7 @@ class Ingestor:
             return
         if fmt_name is None:
             fmt_name = detect_format(path)
-        if fmt_name is None and self.mapping is not None and not self.mapping_names.has_globs:
+        if fmt_name is None and self.mapping is not None and not self.loaded_mapping.has_globs:
             self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
@@ -275,7 +275,7 @@ class Ingestor:
         from forensics import replay
 
         kind = replay.detect(path)
-        mp = self.mapping_names
+        mp = self.loaded_mapping
         if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
             kind = "mapped"
         if kind is not None:
@@ -691,7 +691,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
-        ing.mapping_names = loaded
+        ing.loaded_mapping = loaded
         files = _skip_duplicates(ing, files)
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
