@@ -71,6 +71,7 @@ class IngestResult:
     unknown_shapes: list[tuple[str, int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     bugs: int = 0  # files not read because of an internal error
+    mapping_failed: str = ""  # the --mapping read nothing from any file it names (an error even with --keep-going)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -193,7 +194,10 @@ class Ingestor:
         self.unknown = Counter[str]()
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
-        self.records: list[tuple[Path, str, str]] = []
+        self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
+        self.loaded_mapping: Any = None  # the --mapping, loaded (its files globs decide what it reads)
+        self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
+        self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
@@ -212,17 +216,15 @@ class Ingestor:
                 and (self.mapping is None or not str(prev.get("format", "")).startswith("records")):
             self.result.files.append(FileReport(str(path), str(prev.get("format")), "unchanged"))
             done_bytes[0] += stat.st_size
+            self._requeue_records(path, prev, run)
             return
         fmt_name = self.forced.name if self.forced else None
-        # replay records are told by their content (a manifest or attempt object): they are never logs
-        records_kind = self._canonical_records(path) if fmt_name is None else None
-        if records_kind is not None:
-            self._queue_records(path, records_kind, run)
+        if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
         if fmt_name is None:
             fmt_name = detect_format(path)
-        if fmt_name is None and self.mapping is not None:  # a harness's own records, read by the mapping
-            self._queue_records(path, "mapped", run)
+        if fmt_name is None and self.mapping is not None and not self.loaded_mapping.has_globs:
+            self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
             if stat.st_size == 0 or (compression and not read_head(path, 1)):
@@ -266,17 +268,46 @@ class Ingestor:
         self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
                     total_bytes, done_bytes, dropped)
 
-    @staticmethod
-    def _canonical_records(path: Path) -> str | None:
-        """``manifest`` or ``attempts`` when the file holds the canonical replay records, else None."""
+    def _records_kind(self, path: Path, run: str, *, named: bool) -> bool:
+        """Queue ``path`` as replay records when it is: canonical records (told by their content, never
+        logs), a file the --mapping names in its ``files`` globs, or a file named on the command line that a
+        mapping without globs reads (in a folder, such a mapping reads what is neither records nor a log)."""
         from forensics import replay
 
-        return replay.detect(path)
+        kind = replay.detect(path)
+        mp = self.loaded_mapping
+        if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
+            kind = "mapped"
+        if kind is not None:
+            self._queue_records(path, kind, run)
+        return kind is not None
 
-    def _queue_records(self, path: Path, kind: str, run: str) -> None:
+    def _queue_records(self, path: Path, kind: str, run: str, mapping: str | None = None,
+                       status: str = "pending") -> None:
         """Replay records are loaded together once every file was seen (see ``_ingest_records``)."""
-        self.result.files.append(FileReport(str(path), f"records:{kind}", "pending"))
-        self.records.append((path, kind, run))
+        self.result.files.append(FileReport(str(path), f"records:{kind}", status))
+        self.records.append((path, kind, run, mapping or (str(self.mapping) if kind == "mapped" else None)))
+
+    def _requeue_records(self, path: Path, prev: dict[str, Any], run: str) -> None:
+        """Remember an unchanged records file: ``requeue_unchanged`` reads it again when another file of its
+        run changed (a log that came since ties its records; a manifest anchors their times)."""
+        fmt = str(prev.get("format", ""))
+        kind = fmt.removeprefix("records:")
+        if not fmt.startswith("records:") or kind not in ("manifest", "attempts", "mapped", "summary"):
+            return
+        if kind in ("mapped", "summary") and not prev.get("mapping"):
+            return  # read by a mapping this store does not remember
+        self.unchanged_records.append((path, "mapped" if kind == "summary" else kind, run, prev.get("mapping")))
+
+    def requeue_unchanged(self) -> None:
+        """Queue the unchanged records files of the runs that a file of this ingest changed."""
+        changed = {run for _, _, run, _ in self.records}
+        changed |= {str(self.files_meta.get(file_id_of(Path(f.path)), {}).get("run")) for f in self.result.files
+                    if f.status in ("ingested", "appended", "replaced")}
+        for path, kind, run, mapping in self.unchanged_records:
+            if run in changed:
+                self.result.files = [f for f in self.result.files if f.path != str(path)]
+                self._queue_records(path, kind, run, mapping, status="unchanged")
 
     def _drop_file_parts(self, fid: str) -> dict[str, list[str]]:
         """Stage the removal of every part this file wrote before; return them by table."""
@@ -649,14 +680,18 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
+    loaded = None
     if mapping is not None:  # a bad mapping fails before anything is read
         from forensics import replay
 
-        replay.load_mapping(mapping)
+        loaded = replay.load_mapping(mapping)
+        mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
                        mapping=mapping, tz=tz)
+        ing.loaded_mapping = loaded
+        files = _skip_duplicates(ing, files)
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
@@ -682,7 +717,8 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
                     ing.files_meta[file_id_of(path)] = meta_before
                 ing.result.errors.append(exc.one_line())
                 ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
-        if ing.records:
+        ing.requeue_unchanged()
+        if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
             try:
                 _ingest_records(ing, store)
@@ -695,7 +731,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
-        if ing.result.errors and (not keep_going or ing.result.bugs):
+        if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
     return ing.result
 
@@ -711,8 +747,47 @@ class FilesNotRead(InputError):
             super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read, {result.bugs} of them because of "
                              "a bug; the others were ingested", hint=BUG_HINT)
             return
+        if result.mapping_failed:
+            super().__init__(result.mapping_failed, hint="see the errors above; the other files were ingested")
+            return
         super().__init__(f"{n} file{'s' if n > 1 else ''} could not be read; the others were ingested",
                          hint="fix or remove them, or pass --keep-going to accept this")
+
+
+def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> list[tuple[Path, Path | None]]:
+    """Leave out the files whose content another file of the same run repeats (``forensics.duplicates``),
+    saying which file each repeats; a stored file that a longer newcomer repeats has its rows dropped."""
+    from forensics import duplicates
+
+    new = {f.resolve() for f, _ in files}
+    runs = {f: run_of(f, ing.run, root) for f, root in files}
+    in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
+    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
+    wanted = set(runs.values())
+    cands += [duplicates.Candidate(p, str(m["run"]), True) for fid, m in ing.files_meta.items()
+              if fid in in_store and m.get("run") in wanted and (p := _stored_path(m)) is not None
+              and p.resolve() not in new]
+    dups = {d.path: d for d in duplicates.find(cands)}
+    for d in dups.values():
+        ing.result.files.append(FileReport(str(d.path), "duplicate", "duplicate", message=d.describe()))
+        fid = file_id_of(d.path)
+        if fid in in_store:  # its rows are in the store: they go, the file it repeats is read instead
+            ing._drop_file_parts(fid)
+            if str(ing.files_meta[fid].get("format", "")).startswith("records"):
+                ing.dropped_records.append(str(ing.files_meta[fid].get("path")))
+        meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
+        ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
+    return [(f, root) for f, root in files if f not in dups]
+
+
+def _stored_path(meta: dict[str, Any]) -> Path | None:
+    """The file a stored entry was read from, if it is still there unchanged."""
+    p = Path(str(meta.get("path", "")))
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return p if st.st_size == meta.get("size_bytes") and st.st_mtime == meta.get("mtime") else None
 
 
 def _finish_join(store: Store, ing: Ingestor) -> None:
@@ -729,18 +804,21 @@ def _finish_join(store: Store, ing: Ingestor) -> None:
 
 
 def _ingest_records(ing: Ingestor, store: Store) -> None:
-    """Hand replay-record files to forensics.replay, then account for them in the ``files`` table."""
+    """Hand replay-record files to forensics.replay, then account for them in the ``files`` table (a file
+    that could not be read is not recorded: the next ingest reads it again)."""
     from forensics import replay
 
     replay.ingest_into(ing, store)
-    reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:")}
-    for path, kind, run in ing.records:
+    reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:") or f.status == "error"}
+    for path, _kind, run, mapping in ing.records:
         rep = reports.get(str(path))
+        if rep is None or rep.status == "error":
+            continue
         stat = path.stat()
         head_sha = hashlib.sha256(read_head(path, 4096)).hexdigest()
-        good, bad = (rep.parsed, rep.unparsed) if rep is not None else (0, 0)
-        ing._record_file(file_id_of(path), path, run, f"records:{kind}", compression_of(path), stat, head_sha,
-                         stat.st_size, 0, Counter(), good + bad, good, bad, 0, state=None)
+        ing._record_file(file_id_of(path), path, run, rep.kind, compression_of(path), stat, head_sha,
+                         stat.st_size, 0, Counter(), rep.parsed + rep.unparsed, rep.parsed, rep.unparsed, 0,
+                         state={"mapping": mapping} if mapping else None)
 
 
 def _join_runs(store: Store) -> list[str]:

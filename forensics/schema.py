@@ -138,6 +138,16 @@ RUNS = [
     Column("servers", STR, "JSON array: server instances (name, host:port, log file, launched_at)"),
     Column("source", STR, "manifest file"),
     Column("items", STR, "JSON array: the expected universe of items (null when the run has no manifest)"),
+    Column("stage_items", STR, "JSON object: stage -> the items the manifest sends through it (a stage not named applies "
+                               "to the items sent to it at least once)"),
+    Column("summary_requests", I64, "requests the run's summary counts (a summary-only file: no per-request rows)"),
+    Column("summary_ok", I64, "requests the summary counts as completed"),
+    Column("summary_failed", I64, "requests the summary counts as failed"),
+    Column("summary_input_tokens", I64, "prompt tokens the summary counts"),
+    Column("summary_output_tokens", I64, "generated tokens the summary counts"),
+    Column("summary_duration_s", F64, "run duration the summary states"),
+    Column("alias", STR, "the run id the records carry, when they were tied to this run (the server log's run in the "
+                         "same folder, or --run)"),
 ]
 
 ATTEMPTS = [
@@ -163,8 +173,12 @@ ATTEMPTS = [
     Column("output_text", STR, "output text when kept"),
     Column("output_chars", I64, "output length in characters"),
     Column("max_tokens", I64, "output cap the request asked for"),
+    Column("latency_ms", F64, "client-side latency: send to last byte"),
+    Column("ttft_ms", F64, "client-side time to first token"),
+    Column("itl_ms", F64, "client-side mean inter-token latency"),
     Column("source", STR, "records file"),
     Column("source_line", I64, "line in the records file"),
+    Column("alias", STR, "the run id the record carries, when it was tied to this run (see runs.alias)"),
 ]
 
 ITEMS = [

@@ -365,8 +365,8 @@ def test_two_logs_growing_in_one_ingest_keep_their_own_open_requests(tmp_path: P
     head, tail = "".join(lines[:8]), "".join(lines[8:])  # cut after the prompt timing: task 0 still open
     logs = tmp_path / "logs"
     logs.mkdir()
-    for name in ("a.log", "b.log"):
-        (logs / name).write_text(head)
+    for name, port in (("a.log", "8080"), ("b.log", "8081")):  # two servers: the same content would be one file
+        (logs / name).write_text(head.replace("8080", port))
     ingest(store_dir, [logs], run="r")
     for name in ("a.log", "b.log"):
         with (logs / name).open("a") as fh:

@@ -55,10 +55,12 @@ def test_items_one_row_per_expected_item_and_stage() -> None:
         ("TSLA", "extract"): (1, "ok", True), ("TSLA", "summarize"): (1, "failed", False),
         ("AMZN", "extract"): (0, "never_attempted", False), ("AMZN", "summarize"): (0, "never_attempted", False),
     }
-    # without a manifest the universe is what the attempts show: AMZN is not known to be missing
+    # without a manifest each stage applies to the items sent to it: AMZN is not known to be missing, and
+    # NVDA (never sent to summarize) is not expected there
     no_manifest = replay.build_items(recs.runs.clear(), recs.attempts)
-    assert no_manifest.height == 8
+    assert no_manifest.height == 7
     assert "AMZN" not in no_manifest["item"].to_list()
+    assert ("NVDA", "summarize") not in set(no_manifest.select("item", "stage").rows())
 
 
 def test_bad_records_name_file_line_and_field_and_good_ones_load() -> None:
@@ -117,15 +119,28 @@ def test_mapping_file_errors(tmp_path: Path) -> None:
         replay.load_mapping(tmp_path / "absent.toml")
 
 
-def test_vllm_bench_parallel_arrays() -> None:
+def test_vllm_bench_parallel_arrays(tmp_path: Path) -> None:
     recs = replay.load(FIX / "tools" / "vllm-bench-qwen-c2.json", mapping="vllm-bench")
     assert recs.errors == []
-    assert recs.runs.select("run", "concurrency", "model").row(0) == ("vllm-bench-qwen-c2", 2, "qwen2.5-7b")
-    assert recs.attempts.select("item", "tokens_evaluated", "tokens_predicted", "outcome", "error").rows() == [
-        ("0", 150, 100, "ok", None), ("1", 160, 120, "ok", None), ("2", 140, 110, "ok", None),
-        ("3", 160, 0, "failed", "Bad Request: context length exceeded")]
-    # start_times 1772446500.25 = 2026-03-02T10:15:00.250Z
-    assert recs.attempts["started_at"][1] == datetime(2026, 3, 2, 10, 15, 0, 250000, tzinfo=UTC)
+    assert recs.runs.select("run", "concurrency", "model", "summary_requests", "summary_failed").row(0) == (
+        "vllm-bench-qwen-c2", 2, "qwen2.5-7b", 4, 1)
+    assert recs.attempts.select("item", "tokens_evaluated", "tokens_predicted", "outcome", "error", "http_status",
+                                "ttft_ms", "itl_ms").rows() == [
+        ("0", 150, 100, "ok", None, 200, 110.0, 30.0), ("1", 160, 120, "ok", None, 200, 120.0, 30.0),
+        ("2", 140, 110, "ok", None, 200, 130.0, 30.0),
+        ("3", 160, 0, "failed", "Bad Request: context length exceeded", None, 0.0, None)]
+    # start_times are time.perf_counter() readings: without an anchor they give no wall-clock time
+    assert recs.attempts["started_at"].null_count() == 4
+    # anchored at the run manifest's start: 95731.125 is the earliest reading, 95731.375 comes 0.25 s later
+    run = tmp_path / "vllm-bench-qwen-c2"
+    run.mkdir()
+    (run / "result.json").write_bytes((FIX / "tools" / "vllm-bench-qwen-c2.json").read_bytes())
+    (run / "manifest.json").write_text(json.dumps({"run_id": "result", "started_at": "2026-03-02T10:15:00Z",
+                                                   "concurrency": 2}))
+    anchored = replay.load([run / "manifest.json", run / "result.json"], mapping="vllm-bench")
+    assert anchored.attempts["started_at"].to_list() == [
+        datetime(2026, 3, 2, 10, 15, 0, tzinfo=UTC), datetime(2026, 3, 2, 10, 15, 0, 250000, tzinfo=UTC),
+        datetime(2026, 3, 2, 10, 15, 3, 500000, tzinfo=UTC), datetime(2026, 3, 2, 10, 15, 4, tzinfo=UTC)]
 
 
 def test_guidellm_benchmarks_json() -> None:
@@ -146,8 +161,9 @@ def test_aiperf_profile_export() -> None:
     assert recs.attempts.select("run", "item", "http_status", "outcome", "tokens_evaluated", "tokens_predicted",
                                 "source_line").rows() == [
         ("aiperf-run-c4", "7609a2e7", 200, "ok", 550, 90, 1),
-        ("aiperf-run-c4", "c35e4b1b", 499, "cancelled", None, None, 2),
-        ("aiperf-run-c4", "9a1f0c22", 500, "failed", None, None, 3)]
+        # 499 is AIPerf's own code for a request it cancelled: the server sent no status
+        ("aiperf-run-c4", "c35e4b1b", None, "cancelled", 550, None, 2),
+        ("aiperf-run-c4", "9a1f0c22", 500, "failed", 600, None, 3)]
     first = recs.attempts.row(0, named=True)
     # 1772447100000000000 ns = 10:25:00; request_end_ns 1.5 s later
     assert (first["started_at"], first["ended_at"]) == (datetime(2026, 3, 2, 10, 25, tzinfo=UTC),
@@ -179,8 +195,8 @@ def test_missing_explains_every_missing_item(tmp_path: Path) -> None:
 def test_runs_listing(tmp_path: Path) -> None:
     store = ms_store(tmp_path / "store")
     assert replay.runs_table(store).rows(named=True) == [{
-        "run": "run-ms", "np": 2, "items_expected": 5, "items_done": 1, "items_missing": 4, "attempts": 9,
-        "requests": 8, "wall_s": 66.0, "ended": "completed (after 66 s)"}]
+        "run": "run-ms", "alias": None, "np": 2, "items_expected": 5, "items_done": 1, "items_missing": 4,
+        "attempts": 9, "requests": 8, "wall_s": 66.0, "ended": "completed (after 66 s)", "from": "records"}]
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -196,8 +212,8 @@ def test_cli_runs_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ms_store(tmp_path / "store")
     code, out, err = _main(["runs", "--store", str(tmp_path / "store"), "--format", "csv"], capsys)
     assert (code, err) == (0, "")
-    assert out == ("run,np,items_expected,items_done,items_missing,attempts,requests,wall_s,ended\n"
-                   "run-ms,2,5,1,4,9,8,66.0,completed (after 66 s)\n")
+    assert out == ("run,alias,np,items_expected,items_done,items_missing,attempts,requests,wall_s,ended,from\n"
+                   "run-ms,,2,5,1,4,9,8,66.0,completed (after 66 s),records\n")
     code, out, _ = _main(["missing", "run-ms", "--store", str(tmp_path / "store"), "--format", "json"], capsys)
     assert code == 0
     assert [tuple(r.values()) for r in json.loads(out)] == MISSING

@@ -10,7 +10,8 @@ from forensics import replay
 
 def test_guidellm_newer_request_shape(tmp_path: Path) -> None:
     # newer GuideLLM: timings under info.timings, token counts under input/output_metrics
-    doc = {"benchmarks": [{"args": {"strategy": {"streams": 4}}, "requests": {
+    doc = {"benchmarks": [{"args": {"strategy": {"streams": 4}}, "start_time": 1772446500.0, "end_time": 1772446503.0,
+                           "requests": {
         "successful": [{"request_id": "r1", "output": "{}", "info": {"timings": {
             "request_start": 1772446500.0, "request_end": 1772446502.5}},
             "input_metrics": {"text_tokens": 120}, "output_metrics": {"text_tokens": 40}}],
@@ -31,11 +32,11 @@ def test_guidellm_newer_request_shape(tmp_path: Path) -> None:
 
 def test_vllm_result_without_start_times_or_texts(tmp_path: Path) -> None:
     # older `vllm bench serve --save-detailed`: no start_times, no generated_texts
-    doc = {"model_id": "m", "max_concurrency": 2, "input_lens": [10, 20], "output_lens": [5, 0],
-           "errors": ["", "timeout"]}
+    doc = {"model_id": "m", "num_prompts": 2, "completed": 1, "max_concurrency": 2, "input_lens": [10, 20],
+           "output_lens": [5, 0], "errors": ["", "timeout"]}
     path = tmp_path / "vllm-old.json"
     path.write_text(json.dumps(doc))
     recs = replay.load([path], mapping="vllm-bench")
     assert recs.errors == []
     assert recs.attempts.select("item", "outcome", "tokens_evaluated", "tokens_predicted", "started_at").rows() == [
-        ("0", "ok", 10, 5, None), ("1", "failed", 20, 0, None)]
+        ("0", "ok", 10, 5, None), ("1", "timeout", 20, 0, None)]

@@ -29,11 +29,12 @@ BLOCK = """\
 """
 
 
-def write_log(path: Path, n: int) -> None:
+def write_log(path: Path, n: int, first_task: int = 0) -> None:
     parts = []
     for i in range(n):
         m, s = divmod(i, 60)
-        parts.append(BLOCK.format(t0=f"{m}.{s:02d}.000.000", t1=f"{m}.{s:02d}.500.000", slot=i % 4, task=i * 3))
+        parts.append(BLOCK.format(t0=f"{m}.{s:02d}.000.000", t1=f"{m}.{s:02d}.500.000", slot=i % 4,
+                                  task=first_task + i * 3))
     path.write_text("".join(parts))
 
 
@@ -77,7 +78,7 @@ def test_a_crash_at_any_step_of_a_commit_leaves_the_store_before_or_after(tmp_pa
     logs = tmp_path / "logs"
     logs.mkdir()
     write_log(logs / "a.log", 30)
-    write_log(logs / "b.log", 40)
+    write_log(logs / "b.log", 40, first_task=1)  # another server's log (the same lines would be a duplicate)
     store_dir = tmp_path / "store"
     ingest(store_dir, [logs / "a.log"])
     before = snapshot(store_dir)

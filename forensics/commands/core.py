@@ -24,7 +24,7 @@ def register(cli: click.Group) -> None:
     @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
     @click.option("--mapping", default=None,
                   help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "
-                       "guidellm, aiperf).")
+                       "guidellm, aiperf, llmperf, sglang).")
     @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
     @click.option("--tz", default="UTC", show_default=True,
                   help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
@@ -51,7 +51,7 @@ def register(cli: click.Group) -> None:
         bar.close()
         for f in result.files:
             line = f"{f.status:<9} {f.path}  {f.kind}"
-            if f.status not in {"unchanged", "error"} and not f.kind.startswith("records"):
+            if f.status not in {"unchanged", "error", "duplicate"} and not f.kind.startswith("records"):
                 line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
                          f"requests={f.requests}")
             if f.message:

@@ -21,6 +21,15 @@ def register(cli: click.Group) -> None:
     def open_store(path: Path | None) -> Store:
         return Store(cli_mod.resolve_store(path))
 
+    def asked(store: Store, run: str | None, need: str, command: str) -> str | None:
+        """The run to read: an alias resolved, and a run without a server log said so (exit 2)."""
+        from forensics import replay
+
+        check = replay.check_run(store, run, need=need, command=command)
+        for note in check.notes:
+            click.echo(f"note: {note}", err=True)
+        return check.run
+
     def runaway_options(fn):  # type: ignore[no-untyped-def]
         d = F.Thresholds()
         for opt in reversed([
@@ -53,7 +62,8 @@ def register(cli: click.Group) -> None:
                  **th: float | int | None) -> None:
         """Requests whose output ran away: far more tokens than normal, reached the slot's context, or cut
         at the training-context cap; with why and what followed."""
-        df = F.find_runaways(open_store(store_path), run, **th)
+        store = open_store(store_path)
+        df = F.find_runaways(store, asked(store, run, "requests", "runaways"), **th)
         render(df, fmt, sys.stdout)
         if fail_on == "any" and df.height:
             ctx.exit(int(ExitCode.FINDINGS))
@@ -82,7 +92,9 @@ def register(cli: click.Group) -> None:
                   fmt: str, store_path: Path | None, **th: float | int | None) -> None:
         """Slots that went bad: dead from the first of two consecutive abnormal requests (a runaway, an
         abnormally long or slow request, a handful of tokens where normal is hundreds, the same error again)."""
-        rep = F.dead_slot_report(open_store(store_path), run, include_recovered=include_recovered, **th)
+        store = open_store(store_path)
+        rep = F.dead_slot_report(store, asked(store, run, "requests", "deadslots"), include_recovered=include_recovered,
+                                 **th)
         if explain and fmt == "json":
             keys = ["run", "instance", "slot"]
             out = []
@@ -130,4 +142,5 @@ def register(cli: click.Group) -> None:
     @cli_mod.store_option
     def errors(run: str | None, fmt: str, store_path: Path | None) -> None:
         """Server-side errors and warnings grouped by message shape (numbers, ids and quoted words masked)."""
-        render(F.error_groups(open_store(store_path), run), fmt, sys.stdout)
+        store = open_store(store_path)
+        render(F.error_groups(store, asked(store, run, "log", "errors")), fmt, sys.stdout)

@@ -35,4 +35,7 @@ def register(cli: click.Group) -> None:
         from forensics.store import Store
 
         store = Store(cli_mod.resolve_store(store_path))
-        render(replay.missing(store, run), fmt, sys.stdout)
+        asked = replay.check_run(store, run, need="records", command="missing")
+        for note in asked.notes:
+            click.echo(f"note: {note}", err=True)
+        render(replay.missing(store, asked.run or run), fmt, sys.stdout)

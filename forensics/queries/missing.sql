@@ -80,8 +80,8 @@ SELECT
         WHEN 'parse_error' THEN
             coalesce(error, 'output did not parse') || printf(' (attempts: %d)', attempts)
         ELSE
-            printf('client gave up after %.1f s', client_s) || coalesce(': ' || error, '')
-            || printf(' (attempts: %d)', attempts)
+            CASE WHEN client_s IS NULL THEN 'client gave up' ELSE printf('client gave up after %.1f s', client_s) END
+            || coalesce(': ' || error, '') || printf(' (attempts: %d)', attempts)
     END AS detail,
     CASE
         WHEN reason = 'never_attempted' THEN ''

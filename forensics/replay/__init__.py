@@ -12,11 +12,11 @@ Public API::
     join_store(store) -> JoinResult                        the same over the store's tables
     runs_table(store) -> DataFrame                         the ``forensics runs`` listing
     missing(store, run) -> DataFrame                       the ``forensics missing RUN`` listing
+    check_run(store, run, need=..., command=...) -> RunCheck   a run asked for by a command (alias, halves)
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,15 +24,18 @@ from typing import Any
 import polars as pl
 
 from forensics import schema
-from forensics.errors import RecordError
+from forensics.replay.identity import RunCheck, check_run
+from forensics.replay.intake import Context, RecordFile, ingest_into, read_files
+from forensics.replay.items import build_items
 from forensics.replay.join import JoinResult, join, join_store
-from forensics.replay.mapping import Mapping, apply, load_mapping, shipped_mappings
-from forensics.replay.records import RecordIssue, Records, build, canonical_raw, detect
+from forensics.replay.mapping import Mapping, load_mapping, shipped_mappings
+from forensics.replay.records import RecordIssue, Records, detect
 from forensics.replay.report import missing, runs_table
 
 __all__ = [
-    "JoinResult", "Mapping", "RecordIssue", "Records", "build_items", "detect", "ingest_into", "ingest_records",
-    "join", "join_store", "load", "load_mapping", "missing", "runs_table", "shipped_mappings",
+    "JoinResult", "Mapping", "RecordIssue", "Records", "RunCheck", "build_items", "check_run", "detect",
+    "ingest_into", "ingest_records", "join", "join_store", "load", "load_mapping", "missing", "runs_table",
+    "shipped_mappings",
 ]
 
 
@@ -40,98 +43,50 @@ def load(paths: Path | str | Iterable[Path | str], *, mapping: Mapping | Path | 
          run: str | None = None) -> Records:
     """Read replay record files into ``Records``.
 
-    Without ``mapping`` each file must be a canonical manifest or attempts file (``detect``); a file that
-    is neither becomes a ``RecordIssue``.  With ``mapping`` (a ``Mapping``, a TOML path or a shipped
-    mapping name) every file is read through it.  ``run`` fills records without a ``run_id``.  Bad records
-    become ``RecordIssue``s naming file, line and field; good records still load.  A mapping that names a
-    field absent from the data raises ``MappingError``.
+    Each file is a canonical manifest or attempts file (``detect``, by content), or, with ``mapping`` (a
+    ``Mapping``, a TOML path or a shipped mapping name), a file the mapping reads (its ``files`` globs, or
+    any file when it has none); any other file becomes a ``RecordIssue``.  ``run`` fills records without a
+    ``run_id``.  Bad records become ``RecordIssue``s naming file, line and field; good records still load.
+    Raises ``MappingError`` when the mapping does not fit a file, and ``MappingError`` / ``RecordError``
+    when every record of a file is rejected.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     mp = load_mapping(mapping) if isinstance(mapping, (str, Path)) else mapping
-    raw = []
+    files: list[RecordFile] = []
     issues: list[RecordIssue] = []
-    for p in paths:
-        p = Path(p)
-        if mp is not None:
-            raw.extend(apply(mp, p))
-            continue
+    for p in map(Path, paths):
         kind = detect(p)
-        if kind is None:
-            issues.append(RecordIssue(str(p), None, None,
-                                      "not a replay manifest or attempts file (pass a mapping for other layouts)"))
-            continue
-        raw.extend(canonical_raw(p, kind))
-    recs = build(raw, run=run)
-    recs.errors[:0] = issues
-    return recs
-
-
-def _json_list(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return [str(v) for v in value] if isinstance(value, list) else None
-
-
-def build_items(runs: pl.DataFrame, attempts: pl.DataFrame) -> pl.DataFrame:
-    """One row per expected item x stage of each run, with its attempts and final outcome.
-
-    The universe is the manifest's items (and stages) when the run has a manifest, else the items (and
-    stages) seen in its attempts; attempted items outside the manifest's universe are kept too.  Final
-    outcome: ``ok`` when any attempt succeeded, else the outcome of the last attempt, else
-    ``never_attempted``.
-    """
-    rows: list[dict[str, Any]] = []
-    manifests = {r["run"]: r for r in runs.iter_rows(named=True)} if runs.height else {}
-    att = attempts.sort(["run", "started_at", "attempt"], nulls_last=True) if attempts.height else attempts
-    by_run: dict[str, list[dict[str, Any]]] = {}
-    for a in att.iter_rows(named=True):
-        by_run.setdefault(a["run"], []).append(a)
-    for run in sorted(set(manifests) | set(by_run)):
-        m = manifests.get(run) or {}
-        atts = by_run.get(run, [])
-        items = _json_list(m.get("items")) or []
-        stages = _json_list(m.get("stages")) or []
-        for a in atts:
-            if a["item"] not in items:
-                items.append(a["item"])
-            if a["stage"] not in stages:
-                stages.append(a["stage"])
-        if not _json_list(m.get("items")):
-            items = sorted(items)
-        per: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for a in atts:
-            per.setdefault((a["item"], a["stage"]), []).append(a)
-        for item in items:
-            for stage in stages:
-                tries = per.get((item, stage), [])
-                if not tries:
-                    outcome = "never_attempted"
-                elif any(t["outcome"] == "ok" for t in tries):
-                    outcome = "ok"
-                else:
-                    outcome = max(tries, key=lambda t: t["attempt"])["outcome"]
-                rows.append({"run": run, "item": item, "stage": stage, "attempts": len(tries), "outcome": outcome,
-                             "done": outcome == "ok"})
-    if not rows:
-        return schema.empty("items")
-    return schema.conform(pl.DataFrame(rows), "items")
+        if kind is not None:
+            files.append(RecordFile(p, kind))
+        elif mp is not None and mp.reads(p):
+            files.append(RecordFile(p, "mapped", mapping=mp))
+        elif mp is not None:
+            globs = ", ".join(g for sec in mp.sections for g in sec.files)
+            issues.append(RecordIssue(str(p), None, None, f"mapping {mp.name} does not read this file (its files: "
+                                                          f"{globs})"))
+        else:
+            issues.append(RecordIssue(str(p), None, None, "not a replay manifest or attempts file (pass a mapping "
+                                                          "for other layouts)"))
+    intake = read_files(files, Context(tie=False, fill_run=run))
+    for outcome in intake.files.values():
+        if outcome.error is not None:
+            raise outcome.error
+    intake.records.errors[:0] = issues
+    return intake.records
 
 
 def ingest_records(target: Any, records: Records, *, replace_runs: bool = True,
-                   existing: Records | None = None) -> dict[str, int]:
+                   existing: Records | None = None, stale: Sequence[str] = ()) -> dict[str, int]:
     """Write ``records`` into a store transaction (or a ``Store``: committed here).
 
-    For each run in ``records``: its ``runs`` row and ``attempts`` are written, and its ``items`` are
-    rebuilt from those plus ``existing`` (records of the same runs already in the store that are not
-    replaced).  With ``replace_runs`` and a ``Store``, earlier replay parts of those runs are removed so
-    ingesting again does not double rows.  Returns counts written per table.
+    For each run in ``records`` (and each run in ``stale``, whose records were read again and may now
+    belong to another run): its ``runs`` row and ``attempts`` are written, and its ``items`` are rebuilt
+    from those plus ``existing`` (records of the same runs already in the store that are not replaced).
+    With ``replace_runs``, earlier replay parts of those runs are removed so ingesting again does not
+    double rows.  Returns counts written per table.
     """
-    from forensics.store import Store
+    from forensics.store import Store, escape_partition
 
     store = target if isinstance(target, Store) else target.store
     txn = target.transaction() if isinstance(target, Store) else target
@@ -141,10 +96,8 @@ def ingest_records(target: Any, records: Records, *, replace_runs: bool = True,
         attempts = pl.concat([existing.attempts, attempts])
     items = build_items(runs, attempts)
     counts = {"runs": 0, "attempts": 0, "items": 0}
-    touched = sorted(set(records.run_ids))
+    touched = sorted(set(records.run_ids) | set(stale))
     if replace_runs:
-        from forensics.store import escape_partition
-
         for table in ("runs", "attempts", "items"):
             parts = [p for p in store.parts(table)
                      if any(p.startswith(f"{table}/run={escape_partition(r)}/replay-") for r in touched)]
@@ -159,63 +112,3 @@ def ingest_records(target: Any, records: Records, *, replace_runs: bool = True,
     if isinstance(target, Store):
         txn.commit()
     return counts
-
-
-def existing_records(store: Any, runs: Sequence[str], exclude_sources: Sequence[str]) -> Records:
-    """Records of ``runs`` already in the store, except those read from ``exclude_sources``."""
-    out = Records()
-    if not runs:
-        return out
-    r = store.table("runs")
-    a = store.table("attempts")
-    excl = [str(s) for s in exclude_sources]
-    if r.height:
-        out.runs = schema.conform(r.filter(pl.col("run").is_in(list(runs)) & ~pl.col("source").is_in(excl)), "runs")
-    if a.height:
-        out.attempts = schema.conform(
-            a.filter(pl.col("run").is_in(list(runs)) & ~pl.col("source").is_in(excl)), "attempts")
-    return out
-
-
-def ingest_into(ing: Any, store: Any) -> None:
-    """Hook for ``forensics ingest``: load the record files it found (``ing.records``: (path, kind, run)
-    tuples; ``ing.mapping``: the --mapping file or None) into its transaction ``ing.txn``, and report each
-    file and each bad record in ``ing.result``."""
-    paths = [p for p, _, _ in ing.records]
-    fallback = {str(p): run for p, _, run in ing.records}
-    mp = load_mapping(ing.mapping) if getattr(ing, "mapping", None) is not None else None
-    recs = Records()
-    raws = []
-    for p, kind, _run in ing.records:
-        try:
-            if mp is not None:
-                part = apply(mp, p)
-            elif kind in ("manifest", "attempts"):
-                part = canonical_raw(Path(p), kind)
-            else:
-                raise RecordError("not a replay manifest or attempts file", path=str(p))
-        except RecordError as exc:
-            if not getattr(ing, "keep_going", False):
-                raise
-            ing.result.errors.append(exc.one_line())
-            continue
-        for r in part:
-            if isinstance(r.obj, dict) and not r.obj.get("run_id"):
-                r.obj = {**r.obj, "run_id": fallback[str(p)]}
-        raws.extend(part)
-    recs = build(raws)
-    existing = existing_records(store, recs.run_ids, [str(p) for p in paths])
-    counts_by_file: dict[str, int] = {}
-    for src in recs.attempts["source"].to_list() + recs.runs["source"].to_list():
-        counts_by_file[src] = counts_by_file.get(src, 0) + 1
-    bad_by_file: dict[str, int] = {}
-    for e in recs.errors:
-        bad_by_file[e.path] = bad_by_file.get(e.path, 0) + 1
-        ing.result.warnings.append(e.one_line())
-    ingest_records(ing.txn, recs, existing=existing)
-    for f in ing.result.files:
-        if f.status == "pending" and f.kind.startswith("records:"):
-            f.status = "ingested"
-            f.parsed = counts_by_file.get(f.path, 0)
-            f.unparsed = bad_by_file.get(f.path, 0)
-            f.lines = f.parsed + f.unparsed

@@ -406,13 +406,13 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
                 run = next(iter(runs_of_key[k]))
             out_rows.append({"_idx": r.idx, "t_start": _dt(r.t0), "t_end": _dt(r.t1), "replay_run": run,
                              "item": a["item"] if a else None, "stage": a["stage"] if a else None,
-                             "attempt": a["attempt"] if a else None})
+                             "attempt": a["attempt"] if a else None, "_cap": a["max_tokens"] if a else None})
     if out_rows:
         extra = pl.DataFrame(out_rows, schema={"_idx": pl.UInt32, "t_start": schema.TS, "t_end": schema.TS,
                                                "replay_run": pl.String, "item": pl.String, "stage": pl.String,
-                                               "attempt": pl.Int64})
+                                               "attempt": pl.Int64, "_cap": pl.Int64})
         base = req.with_row_index("_idx").drop("t_start", "t_end")
-        joined = base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx")
+        joined = _own_cap(base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx"))
         cols = [c.name for c in schema.REQUESTS] + ["replay_run", "item", "stage", "attempt"]
         req_out = joined.select(cols)
     else:
@@ -420,6 +420,14 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
             pl.lit(None, pl.String).alias("replay_run"), pl.lit(None, pl.String).alias("item"),
             pl.lit(None, pl.String).alias("stage"), pl.lit(None, pl.Int64).alias("attempt"))
     return JoinResult(matches, req_out, notes)
+
+
+def _own_cap(req: pl.DataFrame) -> pl.DataFrame:
+    """A request that generated as many tokens as its own cap (the attempt's ``max_tokens``, which the log
+    may not show) was stopped by that cap: its stop reason is ``limit``, not ``eos``."""
+    capped = (pl.col("_cap") > 0) & (pl.col("gen_tokens") >= pl.col("_cap")) & (pl.col("stop_reason") == "eos")
+    return req.with_columns(pl.when(capped).then(pl.lit("limit")).otherwise(pl.col("stop_reason"))
+                            .alias("stop_reason")).drop("_cap")
 
 
 def join_store(store: Any) -> JoinResult:

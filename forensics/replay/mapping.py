@@ -1,9 +1,11 @@
-"""Harness mapping files (TOML): read another tool's per-request records as canonical replay records.
+"""Harness mapping files (TOML): read another tool's output files as canonical replay records.
 
-A mapping names, for each canonical field, where the harness keeps it (a dot path into JSON, a CSV
-column), converts units (s/ms/us/ns durations, epoch or ISO times), maps status values, and sets
-constants or templated defaults (``{stem}``: the data file's name without extensions).  The mapped
-objects then go through the same JSON Schema validation as canonical records.  See the README, "Replay runs".
+A mapping says, for each canonical field, where the harness keeps it: a dot path into JSON, a CSV column,
+or a DuckDB SQL expression over the record's fields (``{ sql = "..." }``, see ``mapsql``).  It converts
+units (s/ms/us/ns durations; epoch, ISO or relative-clock times), maps values, sets constants or
+templated defaults (``{stem}``: the data file's name without extensions), filters records (``where``),
+and names the files each section reads (``files`` globs).  The mapped objects then go through the same
+JSON Schema validation as canonical records.  See the README, "Replay runs".
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import io
 import json
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from forensics.errors import MappingError
 from forensics.paths import file_stem
-from forensics.replay.records import RawRecord, read_text
+from forensics.replay import mapsql
+from forensics.replay.clock import MANIFEST, Relative
+from forensics.replay.records import RawRecord, parse_time, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,26 +39,34 @@ ATTEMPT_FIELDS = {
     "ended_at": "time", "http_status": "int", "error": "str", "outcome": "str", "id_slot": "int",
     "tokens_evaluated": "int", "tokens_predicted": "int", "stop_type": "str", "truncated": "bool",
     "prompt_n": "int", "prompt_ms": "ms", "predicted_n": "int", "predicted_ms": "ms", "output_text": "str",
-    "output_chars": "int", "max_tokens": "int",
+    "output_chars": "int", "max_tokens": "int", "latency_ms": "ms", "ttft_ms": "ms", "itl_ms": "ms",
 }
 MANIFEST_FIELDS = {
     "run_id": "str", "started_at": "time", "ended_at": "time", "concurrency": "int", "model": "str",
-    "servers": "any", "items": "list", "stages": "list", "budgets": "any", "config": "any",
-    "ended.how": "str", "ended.detail": "str", "ended.after_s": "float",
+    "servers": "any", "items": "list", "stages": "list", "stage_items": "any", "every_item_every_stage": "bool",
+    "budgets": "any", "config": "any", "ended.how": "str", "ended.detail": "str", "ended.after_s": "float",
+    "summary.requests": "int", "summary.ok": "int", "summary.failed": "int", "summary.input_tokens": "int",
+    "summary.output_tokens": "int", "summary.duration_s": "float",
 }
+NESTED = ("ended", "summary")  # canonical objects a mapping fills field by field (ended.how, summary.ok)
 TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 TIME_UNITS = {"iso": None, "epoch_s": 1.0, "epoch_ms": 1e-3, "epoch_us": 1e-6, "epoch_ns": 1e-9}
+CLOCK_UNITS = {"mono_s": 1.0, "mono_ms": 1e-3, "mono_us": 1e-6, "mono_ns": 1e-9}  # a monotonic clock's reading
 DURATION_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 SPECIALS = ("$index", "$number", "$source", "$line")
+DOC = "$doc."  # a path from the document a record is in (a run-level field of a file of nested records)
+NULL = "$null"  # as a value in the mapping (set, default, map): null
 FORMATS = ("json", "jsonl", "csv")
 LAYOUTS = ("records", "parallel_arrays")
+FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional"}
 _MISSING = object()
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
 class FieldSpec:
     canonical: str
-    path: str | None  # None: a constant
+    path: str | None  # None: a constant or an expression
     unit: str | None = None
     scale: float | None = None
     map: dict[str, Any] | None = None
@@ -62,6 +74,7 @@ class FieldSpec:
     const: Any = _MISSING
     optional: bool = False  # the data may lack it (older tool versions): no error, the value is null
     alternatives: tuple[str, ...] = ()  # path = [a, b, ...]: the first one the data file has (tool versions)
+    sql: str | None = None  # a DuckDB SQL expression over the record's fields
 
 
 @dataclass(frozen=True)
@@ -69,10 +82,12 @@ class Section:
     paths: tuple[str, ...]  # where the records (or the object) are; "" = the document root
     layout: str
     fields: tuple[FieldSpec, ...]
-    files: str | None = None  # glob on the data file's name: the section applies to matching files only
+    files: tuple[str, ...] = ()  # globs on the data file's name: the section reads matching files only
+    where: str | None = None  # keep only the records for which this SQL expression is true
+    anchors: tuple[FieldSpec | str, ...] = ()  # wall-clock anchors of relative times (a field, or "manifest")
 
     def applies_to(self, data: Path) -> bool:
-        return self.files is None or fnmatch.fnmatch(data.name, self.files)
+        return not self.files or any(fnmatch.fnmatch(data.name, g) for g in self.files)
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,22 @@ class Mapping:
     manifest: Section | None
     attempts: Section | None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sections(self) -> tuple[Section, ...]:
+        return tuple(s for s in (self.manifest, self.attempts) if s is not None)
+
+    @property
+    def has_globs(self) -> bool:
+        return any(s.files for s in self.sections)
+
+    def names(self, data: Path) -> bool:
+        """The mapping names this file in a ``files`` glob."""
+        return any(s.files and s.applies_to(data) for s in self.sections)
+
+    def reads(self, data: Path) -> bool:
+        """The mapping reads this file: a glob names it, or the mapping has no globs."""
+        return not self.has_globs or self.names(data)
 
     def fmt_for(self, data: Path) -> str:
         if self.format:
@@ -100,7 +131,7 @@ class Mapping:
 
 
 def shipped_mappings() -> dict[str, Path]:
-    """The mappings shipped with forensics, by name (``vllm-bench``, ``guidellm``, ``aiperf``)."""
+    """The mappings shipped with forensics, by name (``vllm-bench``, ``guidellm``, ``aiperf``, ...)."""
     return {p.stem: p for p in sorted(MAPPINGS_DIR.glob("*.toml"))}
 
 
@@ -138,59 +169,116 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         return None
     if not isinstance(raw, dict):
         raise MappingError(f"[{name}] must be a table", path=src)
+    bad = set(raw) - {"path", "layout", "fields", "set", "files", "where", "anchor"}
+    if bad:
+        raise MappingError(f"[{name}] unknown key(s) {', '.join(sorted(bad))}", path=src,
+                           hint="keys: path, layout, files, where, anchor, fields, set")
     paths = raw.get("path", "")
     paths_t = (paths,) if isinstance(paths, str) else tuple(paths)
     layout = raw.get("layout", "records")
     if layout not in LAYOUTS:
         raise MappingError(f"[{name}] layout = {layout!r} is not one of {', '.join(LAYOUTS)}", path=src)
-    specs: list[FieldSpec] = []
-    for key, spec in _flatten_fields(raw.get("fields", {})).items():
-        if key not in allowed:
-            raise MappingError(f"[{name}.fields] {key} is not a canonical {name} field", path=src,
-                               hint=f"fields: {', '.join(allowed)}")
-        if isinstance(spec, str):
-            specs.append(FieldSpec(key, spec))
-        elif isinstance(spec, list) and spec and all(isinstance(x, str) for x in spec):
-            specs.append(FieldSpec(key, spec[0], alternatives=tuple(spec)))
-        elif isinstance(spec, dict):
-            bad = set(spec) - {"path", "unit", "scale", "map", "default", "optional"}
-            if bad or "path" not in spec:
-                raise MappingError(f"[{name}.fields] {key}: give path and optionally unit, scale, map, default, "
-                                   "optional"
-                                   + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
-            unit = spec.get("unit")
-            kind = allowed[key]
-            if unit is not None:
-                units = TIME_UNITS if kind == "time" else DURATION_UNITS if kind == "ms" else {}
-                if unit not in units:
-                    raise MappingError(f"[{name}.fields] {key}: unit {unit!r} does not apply"
-                                       + (f" (use one of {', '.join(units)})" if units else
-                                          " (units apply to times and *_ms durations; use scale)"), path=src)
-            path = spec["path"]
-            alts = tuple(path) if isinstance(path, list) else ()
-            specs.append(FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), spec.get("map"),
-                                   spec.get("default"), optional=bool(spec.get("optional", False)),
-                                   alternatives=alts))
-        else:
-            raise MappingError(f"[{name}.fields] {key}: expected a path string or a table", path=src)
-    for key, value in _flatten_fields(raw.get("set", {})).items():
+    specs = [_field_spec(key, spec, name, allowed, src) for key, spec in _flatten(raw.get("fields", {})).items()]
+    for key, value in _flatten(raw.get("set", {})).items():
         if key not in allowed:
             raise MappingError(f"[{name}.set] {key} is not a canonical {name} field", path=src,
                                hint=f"fields: {', '.join(allowed)}")
-        specs.append(FieldSpec(key, None, const=value))
-    files = raw.get("files")
-    if files is not None and not isinstance(files, str):
-        raise MappingError(f"[{name}] files must be a glob string such as \"*.csv\"", path=src)
-    return Section(paths_t, layout, tuple(specs), files)
+        specs.append(FieldSpec(key, None, const=_null(value)))
+    where = raw.get("where")
+    if where is not None:
+        if not isinstance(where, str):
+            raise MappingError(f"[{name}] where must be a SQL expression string", path=src)
+        _check_sql(where, f"[{name}] where", src)
+    return Section(paths_t, layout, tuple(specs), _globs(raw.get("files"), name, src), where,
+                   _anchors(raw.get("anchor"), name, src))
 
 
-def _flatten_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """``ended = {how = ...}`` and ``"ended.how" = ...`` both give ``ended.how``."""
+def _globs(files: Any, name: str, src: str) -> tuple[str, ...]:
+    if files is None:
+        return ()
+    if isinstance(files, str):
+        return (files,)
+    if isinstance(files, list) and files and all(isinstance(g, str) for g in files):
+        return tuple(files)
+    raise MappingError(f"[{name}] files must be a glob such as \"*.csv\" or a list of globs", path=src)
+
+
+def _anchors(raw: Any, name: str, src: str) -> tuple[FieldSpec | str, ...]:
+    """``anchor = "manifest"``, ``{ path = ..., unit = "epoch_s" }`` or a list of those (first found wins)."""
+    if raw is None:
+        return ()
+    out: list[FieldSpec | str] = []
+    for a in raw if isinstance(raw, list) else [raw]:
+        if a == MANIFEST:
+            out.append(MANIFEST)
+        elif isinstance(a, dict):
+            spec = _field_spec("anchor", a, name, {"anchor": "time"}, src)
+            if spec.unit in CLOCK_UNITS:
+                raise MappingError(f"[{name}] anchor: a wall-clock time is needed (unit {spec.unit!r} is relative)",
+                                   path=src)
+            out.append(spec)
+        else:
+            raise MappingError(f"[{name}] anchor: give \"manifest\" or {{ path = ..., unit = ... }} (or a list)",
+                               path=src)
+    return tuple(out)
+
+
+def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: str) -> FieldSpec:
+    if key not in allowed:
+        raise MappingError(f"[{name}.fields] {key} is not a canonical {name} field", path=src,
+                           hint=f"fields: {', '.join(allowed)}")
+    if isinstance(spec, str):
+        return FieldSpec(key, spec)
+    if isinstance(spec, list) and spec and all(isinstance(x, str) for x in spec):
+        return FieldSpec(key, spec[0], alternatives=tuple(spec))
+    if not isinstance(spec, dict):
+        raise MappingError(f"[{name}.fields] {key}: expected a path string or a table", path=src)
+    bad = set(spec) - FIELD_KEYS
+    if bad or ("path" in spec) == ("sql" in spec):
+        raise MappingError(f"[{name}.fields] {key}: give path or sql, and optionally unit, scale, map, default, "
+                           "optional" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
+    unit = spec.get("unit")
+    if unit is not None:
+        _check_unit(key, allowed[key], unit, name, src)
+    if "sql" in spec:
+        _check_sql(spec["sql"], f"[{name}.fields] {key}", src)
+    path = spec.get("path")
+    alts = tuple(path) if isinstance(path, list) else ()
+    value_map = {k: _null(v) for k, v in spec["map"].items()} if isinstance(spec.get("map"), dict) else None
+    return FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), value_map, _null(spec.get("default")),
+                     optional=bool(spec.get("optional", False)), alternatives=alts, sql=spec.get("sql"))
+
+
+def _check_unit(key: str, kind: str, unit: str, name: str, src: str) -> None:
+    units = {**TIME_UNITS, **CLOCK_UNITS} if kind == "time" else DURATION_UNITS if kind == "ms" else {}
+    if unit not in units:
+        raise MappingError(f"[{name}.fields] {key}: unit {unit!r} does not apply"
+                           + (f" (use one of {', '.join(units)})" if units else
+                              " (units apply to times and *_ms durations; use scale)"), path=src)
+
+
+def _check_sql(expr: Any, where: str, src: str) -> None:
+    if not isinstance(expr, str) or not expr.strip():
+        raise MappingError(f"{where}: sql must be a non-empty SQL expression", path=src)
+    try:
+        mapsql.field_refs(expr)
+    except mapsql.ExpressionError as exc:
+        raise MappingError(f"{where}: not a SQL expression: {exc}", path=src,
+                           hint="DuckDB SQL over the record's fields, e.g. \"CASE WHEN code >= 400 THEN 'failed' "
+                                "ELSE 'ok' END\"") from None
+
+
+def _null(value: Any) -> Any:
+    return None if value == NULL else value
+
+
+def _flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    """``ended = {how = ...}`` and ``"ended.how" = ...`` both give ``ended.how`` (``summary`` too)."""
     out: dict[str, Any] = {}
     for k, v in raw.items():
-        if k == "ended" and isinstance(v, dict) and "path" not in v:
+        if k in NESTED and isinstance(v, dict) and not (set(v) & FIELD_KEYS):
             for k2, v2 in v.items():
-                out[f"ended.{k2}"] = v2
+                out[f"{k}.{k2}"] = v2
         else:
             out[k] = v
     return out
@@ -201,6 +289,8 @@ def get_path(obj: Any, path: str) -> Any:
     """The value at dot ``path`` in ``obj`` (numbers index lists), or ``_MISSING``."""
     if path == "":
         return obj
+    if isinstance(obj, _Parallel):
+        return obj.get_path(path)
     cur = obj
     for part in path.split("."):
         if isinstance(cur, dict):
@@ -217,26 +307,24 @@ def get_path(obj: Any, path: str) -> Any:
     return cur
 
 
-def select(doc: Any, path: str) -> list[tuple[Any, str]]:
-    """Objects at ``path``, where ``*`` iterates a list (or an object's values); each with the last
-    named segment of the path (``$source``)."""
+def select(doc: Any, path: str) -> list[tuple[Any, str, int]]:
+    """Objects at ``path``, where ``*`` iterates a list (or an object's values); each with the last named
+    segment of the path (``$source``) and its position in the first ``*`` (0 without one)."""
     if path == "":
-        return [(doc, "")]
-    found: list[tuple[Any, str]] = [(doc, "")]
+        return [(doc, "", 0)]
+    found: list[tuple[Any, str, int]] = [(doc, "", -1)]
     for part in path.split("."):
-        nxt: list[tuple[Any, str]] = []
-        for obj, label in found:
+        nxt: list[tuple[Any, str, int]] = []
+        for obj, label, star in found:
             if part == "*":
-                if isinstance(obj, list):
-                    nxt.extend((o, label) for o in obj)
-                elif isinstance(obj, dict):
-                    nxt.extend((o, label) for o in obj.values())
+                values = obj if isinstance(obj, list) else list(obj.values()) if isinstance(obj, dict) else []
+                nxt.extend((o, label, star if star >= 0 else i) for i, o in enumerate(values))
             else:
                 v = get_path(obj, part)
                 if v is not _MISSING:
-                    nxt.append((v, part))
+                    nxt.append((v, part, star))
         found = nxt
-    return found
+    return [(o, label, max(star, 0)) for o, label, star in found]
 
 
 @dataclass
@@ -245,22 +333,260 @@ class _Row:
     index: int
     source: str
     line: int | None
+    group: int = 0  # which run document of the file (a JSON document, or a "*" of the section path)
+    doc: Any = None  # the JSON document it is in (``$doc.`` paths read from it)
 
 
-def _rows(doc: Any, section: Section, fmt: str, lines: list[int] | None) -> list[_Row]:
+class _Parallel(dict):  # type: ignore[type-arg]
+    """Row i of a parallel-arrays layout: the named arrays give their i-th value, other fields broadcast."""
+
+    def __init__(self, root: Any, row: dict[str, Any]) -> None:
+        super().__init__(row)
+        self.root = root
+
+    def get_path(self, path: str) -> Any:
+        head, _, rest = path.partition(".")
+        if head in self:
+            value = dict.__getitem__(self, head)
+            return value if not rest else get_path(value, rest)
+        return get_path(self.root, path)
+
+
+@dataclass
+class DataFile:
+    """A data file as read: JSON documents (several when a .json file holds one per line), or for JSONL and
+    CSV the list of records with their line numbers."""
+
+    path: Path
+    fmt: str
+    docs: list[Any]
+    lines: list[int] | None = None
+
+    @property
+    def line_records(self) -> bool:
+        return self.fmt in ("jsonl", "csv")
+
+
+def read_data(mapping: Mapping, data: Path) -> DataFile:
+    """The parsed data file.  JSON accepts ``Infinity``/``NaN`` and several documents (one per line, as
+    tools that append a run per line write under a .json name)."""
+    fmt = mapping.fmt_for(data)
+    text = read_text(data)
+    if fmt == "json":
+        return DataFile(data, fmt, _json_documents(text, data, mapping))
+    if fmt == "jsonl":
+        recs: list[Any] = []
+        lines: list[int] = []
+        for i, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    recs.append(_Invalid(f"not valid JSON on line {i}"))
+                lines.append(i)
+        return DataFile(data, fmt, [recs], lines)
+    reader = csv.DictReader(io.StringIO(text))
+    rows: list[Any] = []
+    at: list[int] = []
+    for row in reader:
+        rows.append(dict(row))
+        at.append(reader.line_num)
+    return DataFile(data, fmt, [rows], at)
+
+
+def _json_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
+    decoder = json.JSONDecoder()
+    docs: list[Any] = []
+    pos, end = 0, len(text)
+    while True:
+        while pos < end and text[pos] in " \t\r\n\ufeff":
+            pos += 1
+        if pos >= end:
+            break
+        try:
+            doc, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise MappingError(f"{data}:{exc.lineno}: not valid JSON ({exc.msg})", path=mapping.source,
+                               hint="is this file one the mapping reads? (its files globs, its format)") from exc
+        docs.append(doc)
+    if not docs:
+        raise MappingError(f"{data}: empty file", path=mapping.source, hint="nothing to read")
+    return docs
+
+
+@dataclass
+class _Invalid:
+    message: str
+
+
+# ---------------------------------------------------------------------------------------------- rows
+def _manifest_rows(sec: Section, df: DataFile) -> list[_Row]:
+    if df.line_records and sec.paths == ("",):
+        recs = df.docs[0]
+        ok = [i for i, r in enumerate(recs) if not isinstance(r, _Invalid)][:1]
+        return [_Row(recs[i], 0, "", df.lines[i] if df.lines else None) for i in ok]
     rows: list[_Row] = []
-    if fmt in ("jsonl", "csv") and section.paths == ("",):
-        assert isinstance(doc, list)
-        return [_Row(o, i, "", lines[i] if lines else None) for i, o in enumerate(doc)]
-    for p in section.paths:
-        for found, label in select(doc, p):
-            if isinstance(found, list):
-                rows.extend(_Row(o, len(rows) + j, label, None) for j, o in enumerate(found))
-            elif found is not None:
-                rows.append(_Row(found, len(rows), label, None))
+    for d, doc in enumerate(_documents(df)):
+        for obj, label, star in select(doc, sec.paths[0]):
+            if isinstance(obj, dict):
+                rows.append(_Row(obj, len(rows), label, None, _group(d, star), doc))
     return rows
 
 
+def _documents(df: DataFile) -> list[Any]:
+    """The run documents: each JSON document, or for JSONL each line (a line holds a whole run)."""
+    return df.docs[0] if df.line_records else df.docs
+
+
+def _group(doc: int, star: int) -> int:
+    return doc * 1_000_000 + star
+
+
+def _record_rows(sec: Section, df: DataFile) -> tuple[list[_Row], bool]:
+    """The rows of a records layout, and whether the section's paths exist in the file at all."""
+    if df.line_records and sec.paths == ("",):
+        recs = df.docs[0]
+        return [_Row(o, i, "", df.lines[i] if df.lines else None) for i, o in enumerate(recs)], True
+    rows: list[_Row] = []
+    found_any = False
+    for d, doc in enumerate(_documents(df)):
+        for p in sec.paths:
+            for found, label, star in select(doc, p):
+                found_any = True
+                items = found if isinstance(found, list) else [found] if found is not None else []
+                rows.extend(_Row(o, len(rows), label, None, _group(d, star), doc) for o in items)
+    return rows, found_any
+
+
+def _parallel_rows(sec: Section, df: DataFile) -> tuple[list[_Row], bool]:
+    """Rows of a parallel-arrays layout (row i = element i of each array the mapping reads), and whether
+    any of those arrays is in the file (a summary-only result has none)."""
+    names = _array_names(sec)
+    rows: list[_Row] = []
+    found_any = False
+    for d, doc in enumerate(_documents(df)):
+        for p in sec.paths:
+            for root, _, star in select(doc, p):
+                arrays = {k: v for k in names if isinstance(v := get_path(root, k), list)}
+                if not arrays:
+                    continue
+                found_any = True
+                n = max(len(v) for v in arrays.values())
+                for i in range(n):
+                    obj = {k: (v[i] if i < len(v) else None) for k, v in arrays.items()}
+                    rows.append(_Row(_Parallel(root, obj), len(rows), "", None, _group(d, star), doc))
+    return rows, found_any
+
+
+def _array_names(sec: Section) -> list[str]:
+    """Top-level fields a parallel-arrays section reads (its paths' first segments and the fields its
+    expressions name)."""
+    names: list[str] = []
+    for spec in sec.fields:
+        for p in spec.alternatives or ((spec.path,) if spec.path and spec.path not in SPECIALS else ()):
+            if not p.startswith(DOC):
+                names.append(p.split(".")[0])
+        if spec.sql:
+            names.extend(r[0] for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS)
+    return list(dict.fromkeys(names))
+
+
+def _keys(obj: Any) -> list[str]:
+    """The fields a record has (a parallel-arrays row: its document's), for an error's hint."""
+    if isinstance(obj, _Parallel):
+        return _keys(obj.root)
+    return list(obj) if isinstance(obj, dict) else []
+
+
+def _resolve(section: Section, rows: list[_Row]) -> Section:
+    """Pick, for each field with alternative paths, the first alternative that this data file has."""
+    if not any(spec.alternatives for spec in section.fields):
+        return section
+    specs = []
+    for spec in section.fields:
+        if spec.alternatives:
+            found = next((a for a in spec.alternatives
+                          if any(_lookup_row(r, a) is not _MISSING for r in rows[:200])), spec.alternatives[0])
+            spec = dataclasses.replace(spec, path=found)
+        specs.append(spec)
+    return dataclasses.replace(section, fields=tuple(specs))
+
+
+def _check_fields(section: Section, rows: list[_Row], mapping: Mapping, sec: str, data: Path) -> None:
+    if not rows:
+        return
+    for spec in section.fields:
+        if spec.path is None or spec.path in SPECIALS or spec.optional:
+            continue
+        if all(_lookup_row(r, spec.path) is _MISSING for r in rows):
+            keys = sorted({k for r in rows[:50] for k in _keys(r.obj)})
+            raise MappingError(
+                f"[{sec}.fields] {spec.canonical} = {spec.path!r}: no such field in {data}", path=mapping.source,
+                hint=f"fields there: {', '.join(keys[:25]) or 'none'}")
+
+
+# ---------------------------------------------------------------------------------------------- expressions
+def _expressions(section: Section, rows: list[_Row], df: DataFile, mapping: Mapping, sec: str
+                 ) -> mapsql.Evaluated | None:
+    """The section's SQL fields and filter over ``rows`` (None when it has none)."""
+    exprs = {s.canonical: s.sql for s in section.fields if s.sql}
+    exprs.update({f"$anchor{i}": a.sql for i, a in enumerate(section.anchors)
+                  if isinstance(a, FieldSpec) and a.sql})
+    if not exprs and section.where is None:
+        return None
+    data = df.path
+    specials = {"$index": [r.index for r in rows], "$number": [r.index + 1 for r in rows],
+                "$source": [r.source for r in rows], "$line": [r.line for r in rows],
+                "$stem": [file_stem(data.name)] * len(rows), "$name": [data.name] * len(rows),
+                "$parent": [data.resolve().parent.name] * len(rows)}
+    try:
+        res = mapsql.evaluate(exprs, section.where, [r.obj for r in rows], _csv_top if df.fmt == "csv" else _top,
+                              specials)
+    except mapsql.ExpressionError as exc:
+        raise MappingError(f"[{sec}] {exc} (reading {data})", path=mapping.source,
+                           hint="fix the expression; DuckDB SQL over the record's fields") from None
+    if rows:
+        _check_refs(section, res.absent, mapping, sec, data, rows)
+    return res
+
+
+def _top(obj: Any, key: str) -> Any:
+    return get_path(obj, key) if key else _MISSING
+
+
+def _csv_top(obj: Any, key: str) -> Any:
+    """A CSV cell as expressions see it: a number when it reads as one, null when empty."""
+    value = _top(obj, key)
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return value
+
+
+def _check_refs(section: Section, absent: set[mapsql.Path_], mapping: Mapping, sec: str, data: Path,
+                rows: list[_Row]) -> None:
+    """An expression none of whose fields any record has reads nothing from this file: an error, unless
+    the field is optional."""
+    for spec in section.fields:
+        if not spec.sql or spec.optional:
+            continue
+        refs = [r for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS]
+        if refs and all(r in absent for r in refs):
+            keys = sorted({k for r in rows[:50] for k in _keys(r.obj)})
+            raise MappingError(
+                f"[{sec}.fields] {spec.canonical}: no record of {data} has "
+                f"{', '.join('.'.join(r) for r in refs)}", path=mapping.source,
+                hint=f"fields there: {', '.join(keys[:25]) or 'none'}; optional = true reads them as null")
+
+
+# ---------------------------------------------------------------------------------------------- conversion
 def _template(value: Any, data: Path) -> Any:
     if not isinstance(value, str) or "{" not in value:
         return value
@@ -285,16 +611,33 @@ def _convert(spec: FieldSpec, kind: str, value: Any) -> Any:
     if spec.scale is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = value * spec.scale
     if kind == "time":
-        unit = spec.unit or "iso"
-        if unit != "iso" and isinstance(value, (int, float)):
-            dt = datetime.fromtimestamp(float(value) * TIME_UNITS[unit], tz=timezone.utc)
-            return dt.isoformat().replace("+00:00", "Z")
-        return value
-    if kind == "ms" and isinstance(value, (int, float)):
+        return _time(spec, value)
+    if kind == "ms" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value) * DURATION_UNITS[spec.unit or "ms"]
+    return _scalar(kind, value)
+
+
+def _time(spec: FieldSpec, value: Any) -> Any:
+    unit = spec.unit or "iso"
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z") if value.tzinfo else \
+            value.isoformat()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if unit in CLOCK_UNITS:
+        return Relative(float(value) * CLOCK_UNITS[unit])
+    if unit in ("epoch_ns", "epoch_us") and isinstance(value, int):  # exact: a float loses the microseconds
+        micros = value // 1000 if unit == "epoch_ns" else value
+        return (EPOCH + timedelta(microseconds=micros)).isoformat().replace("+00:00", "Z")
+    if unit != "iso":
+        return datetime.fromtimestamp(value * TIME_UNITS[unit], tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return value
+
+
+def _scalar(kind: str, value: Any) -> Any:
     if kind == "int" and isinstance(value, float) and value == int(value):
         return int(value)
-    if kind == "float" and isinstance(value, (int, float)):
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if kind == "bool" and isinstance(value, str):
         low = value.strip().lower()
@@ -307,7 +650,9 @@ def _convert(spec: FieldSpec, kind: str, value: Any) -> Any:
     return value
 
 
-def _value(spec: FieldSpec, row: _Row, data: Path) -> Any:
+def _value(spec: FieldSpec, row: _Row, data: Path, computed: dict[str, list[Any]] | None) -> Any:
+    if spec.sql is not None:
+        return computed[spec.canonical][row.index] if computed is not None else None
     if spec.path is None:
         return _template(spec.const, data)
     if spec.path == "$index":
@@ -318,164 +663,155 @@ def _value(spec: FieldSpec, row: _Row, data: Path) -> Any:
         return row.source
     if spec.path == "$line":
         return row.line
-    return get_path(row.obj, spec.path)
+    return _lookup_row(row, spec.path)
 
 
-def _check_fields(section: Section, rows: list[_Row], mapping: Mapping, sec: str, data: Path) -> None:
-    if not rows:
-        return
-    for spec in section.fields:
-        if spec.path is None or spec.path in SPECIALS or spec.optional:
-            continue
-        if all(get_path(r.obj, spec.path) is _MISSING for r in rows):
-            keys = sorted({k for r in rows[:50] if isinstance(r.obj, dict) for k in r.obj})
-            raise MappingError(
-                f"[{sec}.fields] {spec.canonical} = {spec.path!r}: no such field in {data}", path=mapping.source,
-                hint=f"fields there: {', '.join(keys[:25]) or 'none'}")
+def _lookup_row(row: _Row, path: str) -> Any:
+    """``path`` in the record, or with ``$doc.`` in the document the record is in."""
+    if path.startswith(DOC):
+        return get_path(row.doc, path[len(DOC):]) if row.doc is not None else _MISSING
+    return get_path(row.obj, path)
 
 
-def _parallel(section: Section, doc: Any, mapping: Mapping, data: Path) -> list[_Row]:
-    roots = [o for p in section.paths for o, _ in select(doc, p)]
-    if not roots:
-        raise MappingError(f"[attempts] path {section.paths!r}: nothing there in {data}", path=mapping.source)
-    rows: list[_Row] = []
-    for root in roots:
-        arrays: dict[str, list[Any]] = {}
-        for spec in section.fields:
-            if spec.path is None or spec.path in SPECIALS:
-                continue
-            v = get_path(root, spec.path)
-            if v is _MISSING and spec.optional:
-                continue
-            if v is _MISSING:
-                keys = sorted(root) if isinstance(root, dict) else []
-                raise MappingError(
-                    f"[attempts.fields] {spec.canonical} = {spec.path!r}: no such field in {data}",
-                    path=mapping.source, hint=f"fields there: {', '.join(keys[:25]) or 'none'}")
-            if isinstance(v, list):
-                arrays[spec.path] = v
-        n = max((len(v) for v in arrays.values()), default=0)
-        for i in range(n):
-            obj = {p: (v[i] if i < len(v) else None) for p, v in arrays.items()}
-            rows.append(_Row(_Parallel(root, obj), len(rows), "", None))
-    return rows
-
-
-class _Parallel(dict):  # type: ignore[type-arg]
-    """Row i of a parallel-arrays layout: array fields give their i-th value, other fields broadcast."""
-
-    def __init__(self, root: Any, row: dict[str, Any]) -> None:
-        super().__init__(row)
-        self.root = root
-
-
-def _lookup(obj: Any, path: str) -> Any:
-    if isinstance(obj, _Parallel):
-        return dict.__getitem__(obj, path) if path in obj else get_path(obj.root, path)
-    return get_path(obj, path)
-
-
-def read_data(mapping: Mapping, data: Path) -> tuple[Any, list[int] | None]:
-    """The parsed data file: a JSON document, or a list of records for JSONL/CSV with their line numbers."""
-    fmt = mapping.fmt_for(data)
-    text = read_text(data)
-    if fmt == "json":
-        try:
-            return json.loads(text), None
-        except json.JSONDecodeError as exc:
-            raise MappingError(f"{data}:{exc.lineno}: not valid JSON ({exc.msg})", path=mapping.source,
-                               hint="is the mapping's format right?") from exc
-    if fmt == "jsonl":
-        recs, lines = [], []
-        for i, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    recs.append(json.loads(line))
-                except json.JSONDecodeError:
-                    recs.append(_Invalid(f"not valid JSON on line {i}"))
-                lines.append(i)
-        return recs, lines
-    reader = csv.DictReader(io.StringIO(text))
-    recs_c: list[Any] = []
-    lines_c: list[int] = []
-    for row in reader:
-        recs_c.append(dict(row))
-        lines_c.append(reader.line_num)
-    return recs_c, lines_c
-
-
-@dataclass
-class _Invalid:
-    message: str
-
-
-def _resolve(section: Section, objs: list[Any]) -> Section:
-    """Pick, for each field with alternative paths, the first alternative that this data file has."""
-    if not any(spec.alternatives for spec in section.fields):
-        return section
-    specs = []
-    for spec in section.fields:
-        if spec.alternatives:
-            found = next((a for a in spec.alternatives
-                          if any(_lookup(o, a) is not _MISSING for o in objs[:200])), spec.alternatives[0])
-            spec = dataclasses.replace(spec, path=found)
-        specs.append(spec)
-    return dataclasses.replace(section, fields=tuple(specs))
-
-
-def apply(mapping: Mapping, data: Path | str) -> list[RawRecord]:
-    """Raw (canonical-shaped, not yet validated) records of ``data`` read through ``mapping``."""
-    data = Path(data)
-    doc, lines = read_data(mapping, data)
-    fmt = mapping.fmt_for(data)
-    out: list[RawRecord] = []
-    base = data.resolve().parent
-    if mapping.manifest is not None and mapping.manifest.applies_to(data):
-        sec = mapping.manifest
-        if fmt in ("jsonl", "csv") and sec.paths == ("",):
-            rows = [_Row(doc[0], 0, "", lines[0] if lines else None)] if doc else []
-        else:
-            rows = [_Row(o, 0, label, None) for o, label in select(doc, sec.paths[0])][:1]
-        sec = _resolve(sec, [r.obj for r in rows])
-        _check_fields(sec, rows, mapping, "manifest", data)
-        for row in rows:
-            out.append(RawRecord("manifest", _build(sec, MANIFEST_FIELDS, row, data), str(data), row.line,
-                                 None, base))
-    if mapping.attempts is not None and mapping.attempts.applies_to(data):
-        sec = mapping.attempts
-        if sec.layout == "parallel_arrays":
-            sec = _resolve(sec, [o for p in sec.paths for o, _ in select(doc, p)])
-            rows = _parallel(sec, doc, mapping, data)
-        else:
-            rows = _rows(doc, sec, fmt, lines)
-            sec = _resolve(sec, [r.obj for r in rows if not isinstance(r.obj, _Invalid)])
-            _check_fields(sec, [r for r in rows if not isinstance(r.obj, _Invalid)], mapping, "attempts", data)
-        for row in rows:
-            if isinstance(row.obj, _Invalid):
-                out.append(RawRecord("invalid", row.obj.message, str(data), row.line))
-                continue
-            rec = None if row.line is not None else row.index + 1
-            out.append(RawRecord("attempt", _build(sec, ATTEMPT_FIELDS, row, data), str(data), row.line, rec, base))
-    return out
-
-
-def _build(section: Section, kinds: dict[str, str], row: _Row, data: Path) -> dict[str, Any]:
+def _build(section: Section, kinds: dict[str, str], row: _Row, data: Path,
+           computed: dict[str, list[Any]] | None) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for spec in section.fields:
-        if spec.path is None or spec.path in SPECIALS:
-            raw = _value(spec, row, data)
-        else:
-            raw = _lookup(row.obj, spec.path)
-        value = _convert(spec, kinds[spec.canonical], raw)
+        value = _convert(spec, kinds[spec.canonical], _value(spec, row, data, computed))
         if spec.canonical in obj and value is None:
             continue  # a constant does not erase a mapped value
-        if spec.path is None and obj.get(spec.canonical) is not None:
+        if spec.path is None and spec.sql is None and obj.get(spec.canonical) is not None:
             continue  # set = defaults: a mapped value wins
         obj[spec.canonical] = value
     timings = {k: obj.pop(k) for k in TIMINGS if k in obj}
     if any(v is not None for v in timings.values()):
         obj["timings"] = timings
-    ended = {k.split(".", 1)[1]: obj.pop(k) for k in list(obj) if k.startswith("ended.")}
-    if ended:
-        obj["ended"] = ended
+    for nested in NESTED:
+        sub = {k.split(".", 1)[1]: obj.pop(k) for k in list(obj) if k.startswith(f"{nested}.")}
+        if any(v is not None for v in sub.values()):
+            obj[nested] = sub
     return {k: v for k, v in obj.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------- apply
+@dataclass
+class Mapped:
+    """What a mapping read from one data file: raw records, how many records ``where`` left out, and
+    whether the file holds per-request rows at all (a summary-only file does not)."""
+
+    records: list[RawRecord]
+    filtered: int = 0
+    per_request: bool = False
+    reads_attempts: bool = False  # the attempts section applies to this file (by its files globs)
+
+
+def apply(mapping: Mapping, data: Path | str) -> Mapped:
+    """Raw (canonical-shaped, not yet validated) records of ``data`` read through ``mapping``.
+
+    Raises MappingError when the mapping does not fit the file: a field it names that no record has, an
+    expression DuckDB rejects, or neither section finding anything there."""
+    data = Path(data)
+    df = read_data(mapping, data)
+    out = Mapped([])
+    base = data.resolve().parent
+    manifests = 0
+    if mapping.manifest is not None and mapping.manifest.applies_to(data):
+        for raw in _apply_manifest(mapping, mapping.manifest, df, base):
+            out.records.append(raw)
+            manifests += 1
+    if mapping.attempts is not None and mapping.attempts.applies_to(data):
+        out.reads_attempts = True
+        found = _apply_attempts(mapping, mapping.attempts, df, base, out)
+        if not found and not manifests:
+            raise MappingError(f"[attempts] path {' or '.join(repr(p) for p in mapping.attempts.paths)}: nothing "
+                               f"there in {data}", path=mapping.source,
+                               hint="is this file one the mapping reads? (its files globs)")
+    _suffix_runs(mapping, out.records)
+    return out
+
+
+def _apply_manifest(mapping: Mapping, sec: Section, df: DataFile, base: Path) -> list[RawRecord]:
+    rows = _manifest_rows(sec, df)
+    sec = _resolve(sec, rows)
+    _check_fields(sec, rows, mapping, "manifest", df.path)
+    ev = _expressions(sec, rows, df, mapping, "manifest")
+    return [RawRecord("manifest", _build(sec, MANIFEST_FIELDS, row, df.path, ev.values if ev else None),
+                      str(df.path), row.line, None, base, row.group)
+            for row in rows if ev is None or ev.keep[row.index]]
+
+
+def _apply_attempts(mapping: Mapping, sec: Section, df: DataFile, base: Path, out: Mapped) -> bool:
+    """Append the attempts of ``df`` to ``out``; return whether the file has the section's records at all."""
+    if sec.layout == "parallel_arrays":
+        rows, found = _parallel_rows(sec, df)
+        sec = _resolve(sec, rows)
+        _check_fields(sec, rows, mapping, "attempts", df.path)
+    else:
+        rows, found = _record_rows(sec, df)
+        good = [r for r in rows if not isinstance(r.obj, _Invalid)]
+        sec = _resolve(sec, good)
+        _check_fields(sec, good, mapping, "attempts", df.path)
+    valid = [r for r in rows if not isinstance(r.obj, _Invalid)]
+    for i, r in enumerate(valid):
+        r.index = i
+    ev = _expressions(sec, valid, df, mapping, "attempts")
+    anchors = _anchor_values(sec, valid, df.path, ev)
+    hint = ", ".join(a if isinstance(a, str) else (a.path or a.sql or "") for a in sec.anchors)
+    for row in rows:
+        if isinstance(row.obj, _Invalid):
+            out.records.append(RawRecord("invalid", row.obj.message, str(df.path), row.line))
+            continue
+        if ev is not None and not ev.keep[row.index]:
+            out.filtered += 1
+            continue
+        rec = None if row.line is not None else row.index + 1
+        obj = _build(sec, ATTEMPT_FIELDS, row, df.path, ev.values if ev else None)
+        out.records.append(RawRecord("attempt", obj, str(df.path), row.line, rec, base, row.group,
+                                     anchors.get(row.group, ()), hint))
+    out.per_request = out.per_request or found
+    return found
+
+
+def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evaluated | None
+                   ) -> dict[int, tuple[Any, ...]]:
+    """Group -> its anchors in the mapping's order: epoch seconds from the first record having the field,
+    or ``"manifest"``."""
+    if not sec.anchors:
+        return {}
+    out: dict[int, list[Any]] = {}
+    for i, a in enumerate(sec.anchors):
+        for g in sorted({r.group for r in rows}):
+            if a == MANIFEST:
+                out.setdefault(g, []).append(MANIFEST)
+                continue
+            assert isinstance(a, FieldSpec)
+            computed = {"anchor": ev.values[f"$anchor{i}"]} if ev is not None and a.sql else None
+            for row in (r for r in rows if r.group == g):
+                t = _convert(a, "time", _value(a, row, data, computed))
+                if isinstance(t, str):
+                    try:
+                        at = parse_time(t, "anchor")
+                    except ValueError:
+                        continue
+                    if at is not None:
+                        out.setdefault(g, []).append(at.timestamp())
+                        break
+    return {g: tuple(v) for g, v in out.items()}
+
+
+def _suffix_runs(mapping: Mapping, raws: list[RawRecord]) -> None:
+    """A file holding several runs (documents, or a ``*`` of the path) gives each a run id of its own: a
+    templated ``run_id`` gets ``#1``, ``#2``, ... in the file's order."""
+    groups = sorted({r.group for r in raws if r.kind in ("manifest", "attempt")})
+    if len(groups) < 2:
+        return
+    number = {g: i + 1 for i, g in enumerate(groups)}
+    for r in raws:
+        sec = mapping.manifest if r.kind == "manifest" else mapping.attempts if r.kind == "attempt" else None
+        if sec is not None and _templated_run(sec) and isinstance(r.obj, dict) and r.obj.get("run_id"):
+            r.obj = {**r.obj, "run_id": f"{r.obj['run_id']}#{number[r.group]}"}
+
+
+def _templated_run(sec: Section) -> bool:
+    specs = [s for s in sec.fields if s.canonical == "run_id"]
+    return bool(specs) and all(s.path is None and s.sql is None for s in specs)

@@ -12,7 +12,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from forensics import schema
 from forensics.errors import RecordError
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
-MANIFEST_KEYS = ("items", "stages", "servers", "concurrency")
+MANIFEST_KEYS = ("items", "stages", "servers", "concurrency", "stage_items", "summary")
 OUTCOMES = ("ok", "failed", "parse_error", "timeout", "cancelled")
 MAX_WHOLE_FILE = 64 * 1024 * 1024  # a JSON document larger than this is not read whole for detection
 
@@ -57,6 +56,7 @@ class Records:
     runs: pl.DataFrame = field(default_factory=lambda: schema.empty("runs"))
     attempts: pl.DataFrame = field(default_factory=lambda: schema.empty("attempts"))
     errors: list[RecordIssue] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was merged or kept, worth telling (not errors)
 
     @property
     def run_ids(self) -> list[str]:
@@ -116,7 +116,6 @@ def detect(path: Path | str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- validation
-@cache
 @functools.cache
 def _schema(kind: str) -> dict[str, Any]:
     return json.loads((SCHEMAS_DIR / f"{kind}.schema.json").read_text(encoding="utf-8"))
@@ -203,6 +202,10 @@ def manifest_row(obj: dict[str, Any], source: str, base_dir: Path | None) -> dic
     row["items_expected"] = len(items) if items is not None else None
     row["items"] = json.dumps(items) if items is not None else None
     row["stages"] = json.dumps(obj.get("stages")) if obj.get("stages") is not None else None
+    row["stage_items"] = _stage_items(obj)
+    summary = obj.get("summary") or {}
+    for key in SUMMARY_KEYS:
+        row[f"summary_{key}"] = summary.get(key)
     config = dict(obj.get("config") or {})
     if obj.get("budgets"):
         config["budgets"] = obj["budgets"]
@@ -225,8 +228,27 @@ def manifest_row(obj: dict[str, Any], source: str, base_dir: Path | None) -> dic
     return row
 
 
+MERGE_SKIP = ("run", "source", "alias")  # never a disagreement between two manifests of a run
+
+
+def _unsaid(value: Any) -> bool:
+    """A manifest field with nothing in it (what another manifest of the run may fill in)."""
+    return value is None or value in ("[]", "{}", "unknown")
+SUMMARY_KEYS = ("requests", "ok", "failed", "input_tokens", "output_tokens", "duration_s")
+
+
+def _stage_items(obj: dict[str, Any]) -> str | None:
+    """The manifest's stage -> items (every stage gets every item with ``every_item_every_stage``)."""
+    out = dict(obj.get("stage_items") or {})
+    if obj.get("every_item_every_stage"):
+        for stage in obj.get("stages") or []:
+            out.setdefault(stage, list(obj.get("items") or []))
+    return json.dumps(out) if out else None
+
+
 ATTEMPT_SCALARS = ("server", "http_status", "error", "outcome", "id_slot", "tokens_evaluated", "tokens_predicted",
-                   "stop_type", "truncated", "output_text", "output_chars", "max_tokens")
+                   "stop_type", "truncated", "output_text", "output_chars", "max_tokens", "latency_ms", "ttft_ms",
+                   "itl_ms")
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 
 
@@ -269,71 +291,113 @@ class RawRecord:
     line: int | None = None
     record: int | None = None
     base_dir: Path | None = None
+    group: int = 0  # the run document of the file it came from (a file may hold several runs)
+    anchors: tuple[Any, ...] = ()  # wall-clock anchors of its relative times: epoch seconds, or "manifest"
+    anchor_hint: str = ""  # what the mapping named as the anchor (for the note when none is found)
+    alias: str | None = None  # the run id it carried, when it was tied to another run (forensics.replay.identity)
 
 
 def build(raw: Iterable[RawRecord], *, run: str | None = None) -> Records:
     """Validate raw records and build the frames.  ``run`` fills a missing ``run_id``."""
-    out = Records()
-    runs_rows: list[dict[str, Any]] = []
-    att_rows: list[dict[str, Any]] = []
-    seen: dict[tuple[str, str, str, int], str] = {}
-    next_attempt: dict[tuple[str, str, str], int] = {}
-    seen_runs: dict[str, str] = {}
-
-    def issue(r: RawRecord, fld: str | None, msg: str) -> None:
-        out.errors.append(RecordIssue(r.path, r.line, fld, msg, r.record))
-
+    b = _Builder(run)
     for r in raw:
+        b.add(r)
+    return b.records()
+
+
+class _Builder:
+    """Validates raw records one by one and keeps the rows of the good ones and an issue for each bad one."""
+
+    def __init__(self, run: str | None) -> None:
+        self.run = run
+        self.errors: list[RecordIssue] = []
+        self.notes: list[str] = []
+        self.runs_rows: list[dict[str, Any]] = []
+        self.att_rows: list[dict[str, Any]] = []
+        self.seen: dict[tuple[str, str, str, int], str] = {}
+        self.next_attempt: dict[tuple[str, str, str], int] = {}
+        self.seen_runs: dict[str, str] = {}
+
+    def issue(self, r: RawRecord, fld: str | None, msg: str) -> None:
+        self.errors.append(RecordIssue(r.path, r.line, fld, msg, r.record))
+
+    def add(self, r: RawRecord) -> None:
         if r.kind == "invalid":
-            issue(r, None, str(r.obj))
-            continue
+            self.issue(r, None, str(r.obj))
+            return
+        row = self._row(r)
+        if row is None:
+            return
+        row["alias"] = r.alias
+        if r.kind == "manifest":
+            self._manifest(r, row)
+        else:
+            self._attempt(r, row)
+
+    def _row(self, r: RawRecord) -> dict[str, Any] | None:
         obj = r.obj
-        if isinstance(obj, dict) and run is not None and obj.get("run_id") in (None, ""):
-            obj = {**obj, "run_id": run}
+        if isinstance(obj, dict) and self.run is not None and obj.get("run_id") in (None, ""):
+            obj = {**obj, "run_id": self.run}
         kind = "manifest" if r.kind == "manifest" else "attempt"
         problems = schema_issues(kind, obj)
         if problems:
             fld, msg = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            issue(r, fld, msg + more)
-            continue
+            self.issue(r, fld, msg + more)
+            return None
         try:
-            row = manifest_row(obj, r.path, r.base_dir) if kind == "manifest" else attempt_row(obj)
+            return manifest_row(obj, r.path, r.base_dir) if kind == "manifest" else attempt_row(obj)
         except _FieldError as exc:
-            issue(r, exc.field, exc.message)
-            continue
-        if kind == "manifest":
-            if row["run"] in seen_runs:
-                issue(r, "run_id", f"a second manifest for run {row['run']!r} (first: {seen_runs[row['run']]})")
-                continue
-            seen_runs[row["run"]] = r.path
-            runs_rows.append(row)
-            continue
+            self.issue(r, exc.field, exc.message)
+            return None
+
+    def _manifest(self, r: RawRecord, row: dict[str, Any]) -> None:
+        """A second manifest of a run (a harness's manifest and a tool's summary of the same run) fills in
+        what the first one left empty; where both say something different, the first one's word stands."""
+        first = self.seen_runs.get(row["run"])
+        if first is None:
+            self.seen_runs[row["run"]] = r.path
+            self.runs_rows.append(row)
+            return
+        kept = next(x for x in self.runs_rows if x["run"] == row["run"])
+        said = [k for k, v in row.items() if k not in ("run", "source") and not _unsaid(v)]
+        clash = sorted(k for k in said if k not in MERGE_SKIP and not _unsaid(kept.get(k)) and kept[k] != row[k])
+        for k in said:
+            if _unsaid(kept.get(k)):
+                kept[k] = row[k]
+        if clash:
+            self.notes.append(f"{r.path}: a second manifest for run {row['run']!r} (first: {first}) says otherwise "
+                              f"about {', '.join(clash)}: kept the first's")
+
+    def _attempt(self, r: RawRecord, row: dict[str, Any]) -> None:
         key3 = (row["run"], row["item"], row["stage"])
         if row["attempt"] is None:
-            row["attempt"] = next_attempt.get(key3, 1)
+            row["attempt"] = self.next_attempt.get(key3, 1)
         key = (*key3, row["attempt"])
         where = f"{r.path}:{r.line}" if r.line is not None else f"{r.path} record {r.record}"
-        if key in seen:
-            issue(r, "attempt", f"duplicate attempt {row['attempt']} of {row['item']}/{row['stage']} "
-                                f"in run {row['run']} (first at {seen[key]}); kept the first")
-            continue
-        seen[key] = where
-        next_attempt[key3] = max(next_attempt.get(key3, 1), row["attempt"] + 1)
+        if key in self.seen:
+            self.issue(r, "attempt", f"duplicate attempt {row['attempt']} of {row['item']}/{row['stage']} "
+                                     f"in run {row['run']} (first at {self.seen[key]}); kept the first")
+            return
+        self.seen[key] = where
+        self.next_attempt[key3] = max(self.next_attempt.get(key3, 1), row["attempt"] + 1)
         row["source"] = r.path
         row["source_line"] = r.line if r.line is not None else r.record
-        att_rows.append(row)
-    if runs_rows:
-        out.runs = schema.conform(pl.DataFrame(runs_rows, schema_overrides={
-            "started_at": schema.TS, "ended_at": schema.TS}, infer_schema_length=None), "runs")
-    if att_rows:
-        out.attempts = schema.conform(pl.DataFrame(att_rows, schema_overrides=_attempt_overrides(),
-                                                   infer_schema_length=None), "attempts")
-    return out
+        self.att_rows.append(row)
+
+    def records(self) -> Records:
+        out = Records(errors=self.errors, notes=self.notes)
+        if self.runs_rows:
+            out.runs = schema.conform(pl.DataFrame(self.runs_rows, schema_overrides={
+                "started_at": schema.TS, "ended_at": schema.TS}, infer_schema_length=None), "runs")
+        if self.att_rows:
+            out.attempts = schema.conform(pl.DataFrame(self.att_rows, schema_overrides=_attempt_overrides(),
+                                                       infer_schema_length=None), "attempts")
+        return out
 
 
 def _attempt_overrides() -> dict[str, pl.DataType]:
-    return {c.name: c.dtype for c in schema.ATTEMPTS if c.name not in ("source", "source_line")}
+    return {c.name: c.dtype for c in schema.ATTEMPTS if c.name not in ("source", "source_line", "alias")}
 
 
 def canonical_raw(path: Path, kind: str) -> list[RawRecord]:

@@ -34,8 +34,8 @@ def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def runs_table(store: Any) -> pl.DataFrame:
-    """One row per replay run: run, np, items_expected, items_done, items_missing, attempts, requests,
-    wall_s, ended."""
+    """One row per replay run: run, alias, np, items_expected, items_done, items_missing, attempts, requests,
+    wall_s, ended, from (records, or summary for a run read from a benchmark's summary alone)."""
     con, _ = _connect(store)
     try:
         return fetch_pl(con, load_query("replay_runs").text)
