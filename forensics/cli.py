@@ -42,6 +42,13 @@ def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--fail-on", type=click.Choice(["any", "never"]), default="never", show_default=True,
+        help="Exit 1 when something is found (any), for smoke tests and CI.",
+    )(fn)
+
+
 def resolve_store(path: Path | None) -> Path:
     return path if path is not None else default_store_path()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from forensics import findings, metrics
+from forensics import runs as runs_mod
 from forensics.store import Store
 from forensics.verdict import RunVerdict, verdict
 
@@ -104,7 +105,7 @@ def _missing_in(items: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
 
 def compare(store: Store, a: str, b: str) -> Comparison:
     """Line up runs ``a`` and ``b``: their metrics and findings side by side, with the change from a to b."""
-    runs = metrics.resolve_runs(store, [a, b])
+    runs = runs_mod.resolve(store, [a, b]).runs
     if len(runs) != 2:
         raise _same_run(a)
     m = metrics.throughput(store, runs)

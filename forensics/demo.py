@@ -17,6 +17,7 @@ from forensics import findings, report
 from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
 from forensics.ingest import ingest, summary
+from forensics.runs import all_runs
 from forensics.store import Store
 from forensics.verdict import verdict
 
@@ -73,7 +74,7 @@ def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -
     result.sections.append(("requests per run", summary(store)["requests"]))
     result.sections.append(("dead slots", findings.find_dead_slots(store)))
     result.sections.append(("runaways", findings.find_runaways(store)))
-    runs = store.runs_seen()
+    runs = all_runs(store)
     if runs:
         run = _most_eventful(result, runs)
         path = report.write_report(store, run, out / "report.html").path

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field, fields
 import duckdb
 import polars as pl
 
+from forensics import runs as runs_mod
 from forensics import schema
-from forensics.errors import NotFoundError, QueryError
+from forensics.errors import QueryError
 from forensics.repetition import score_texts
 from forensics.sql import load_query
 from forensics.store import ArrowStream, Store, fetch_pl
@@ -70,47 +71,6 @@ MATCH_COLUMNS = {"run": "VARCHAR", "item": "VARCHAR", "stage": "VARCHAR", "attem
 RUNAWAY_KEYS = {"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64}
 
 
-RUN_TABLES = ["requests", "events", "attempts", "runs"]  # a run is known when it has rows in one of these
-
-
-def known_runs(con: duckdb.DuckDBPyConnection, store: Store | None = None) -> list[str]:
-    """The runs with rows in requests, events, attempts or runs, sorted.
-
-    With ``store``, read from its manifest when the names allow it (``Store.run_names``): no view over
-    those tables is needed, and none of their files is opened.
-    """
-    if store is not None:
-        names = store.run_names(RUN_TABLES)
-        if names is not None:
-            return names
-        for table in RUN_TABLES:
-            if not _has_view(con, table):
-                store._create_view(con, table)
-    rows = con.execute(
-        "SELECT DISTINCT run FROM (SELECT run FROM requests UNION ALL SELECT run FROM events "
-        "UNION ALL SELECT run FROM attempts UNION ALL SELECT run FROM runs) WHERE run IS NOT NULL ORDER BY run"
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
-def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]).fetchone()
-    return bool(row and row[0])
-
-
-def _resolve(con: duckdb.DuckDBPyConnection, runs: str | list[str] | tuple[str, ...] | None,
-             store: Store | None = None) -> list[str]:
-    known = known_runs(con, store)
-    wanted = [runs] if isinstance(runs, str) else list(runs or [])
-    if not wanted:
-        return known
-    for r in wanted:
-        if r not in known:
-            raise NotFoundError(f"no run {r!r} in the store",
-                                hint=f"known runs: {', '.join(known) or 'none; run `forensics ingest` first'}")
-    return wanted
-
-
 @dataclass
 class _Session:
     con: duckdb.DuckDBPyConnection
@@ -118,7 +78,7 @@ class _Session:
     has_matches: bool
 
 
-# The views each kind of session reads (the run list comes from the manifest, see known_runs).
+# The views each kind of session reads (the run list comes from the manifest, see runs.all_runs).
 # Each view binds every part of its table (slow with many runs), so a session creates only these, the
 # ``tables`` a finding asks for, and attempts when the matched outputs are scored (fx_degenerate).
 REQUEST_TABLES = ["requests", "instances", "matches", "events"]
@@ -155,7 +115,7 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
         extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
         con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS SELECT *" + (f", {extra}" if extra else "")
                     + " FROM events")
-        names = _resolve(con, runs, store)
+        names = runs_mod.resolve(store, runs).runs
         if requests:
             if has_matches and "attempts" not in tables:
                 store._create_view(con, "attempts")
@@ -604,3 +564,16 @@ def missing_items(store: Store, runs: list[str]) -> pl.DataFrame:
                              "AND NOT coalesce(done, false) ORDER BY run, item, stage", {"runs": runs})
     finally:
         con.close()
+
+
+def serious_errors(groups: pl.DataFrame) -> pl.DataFrame:
+    """The ``error_groups`` rows that are failures, not warnings: crashes, and every level but W/WARN."""
+    level = pl.col("level").str.to_uppercase()
+    return groups.filter((pl.col("kind") == "crash") | level.is_null() | ~level.str.starts_with("W"))
+
+
+def uncapped_runaway_runs(store: Store, runs: str | list[str] | None = None, *, margin: float = 0.2,
+                          **overrides: float | int | None) -> pl.DataFrame:
+    """The ``caps_by_run`` rows of runs that had runaways with no output cap in force: a cap was needed."""
+    caps = caps_by_run(store, runs, margin=margin, **overrides)
+    return caps.filter(~pl.col("capped").fill_null(False) & (pl.col("runaways").fill_null(0) > 0))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import re
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -43,6 +44,11 @@ from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, grammar, load_formats
 
 SKIP_NAMES = {".DS_Store"}
+# Found in a folder and not a log or record by content: a run folder's notes, configs, scripts and pictures,
+# passed over (counted, listed under -v) rather than failing the ingest.  Named on the command line, such a
+# file is still an error: the user asked for it.
+NOT_LOG_SUFFIXES = {".md", ".rst", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".py", ".sh", ".ipynb", ".png",
+                    ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html", ".css", ".js"}
 WORKERS = 2
 BATCH = 4  # chunks assembled together
 SHAPE_RULES: list[tuple[str, str]] = [  # masking for "most common unknown line shapes", applied in order
@@ -178,15 +184,27 @@ def mask_shape(text: str) -> str:
     return text[:200]
 
 
+@dataclass
+class Progress:
+    """Where an ingest is, for a progress bar: files and bytes done out of all, requests rebuilt so far."""
+
+    files_done: int = 0
+    files_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    requests: int = 0
+
+
 class Ingestor:
     def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,
-                 progress: Callable[[int, int], None] | None = None, keep_going: bool = False,
+                 progress: Callable[[Progress], None] | None = None, keep_going: bool = False,
                  mapping: Path | str | None = None, tz: str = "UTC") -> None:
         self.store = store
         self.run = run
         self.forced = grammar(fmt) if fmt else None
         self.started_at = started_at
         self.progress = progress
+        self.at = Progress()
         self.keep_going = keep_going
         self.mapping = mapping
         self.tz = check_tz(tz)
@@ -201,6 +219,16 @@ class Ingestor:
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
+    def tick(self, bytes_done: int, *, requests: int = 0, file_done: bool = False) -> None:
+        """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
+        # a compressed file counts its decompressed bytes while it is read: never past the whole job's size
+        self.at.bytes_done = max(self.at.bytes_done, min(bytes_done, self.at.bytes_total or bytes_done))
+        if file_done:
+            self.at.files_done += 1
+            self.at.requests = sum(f.requests or 0 for f in self.result.files)
+        if self.progress:
+            self.progress(replace(self.at, requests=self.at.requests + (0 if file_done else requests)))
+
     def ingest_file(self, path: Path, root: Path | None, total_bytes: int, done_bytes: list[int]) -> None:
         run = run_of(path, self.run, root)
         fid = file_id_of(path)
@@ -234,6 +262,10 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(fid, path, run, "empty", compression, stat, head_sha, 0, 0, Counter(), 0, 0, 0, 0,
                                   state=None)
+                return
+            if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
+                self.result.files.append(FileReport(str(path), "not a log", "skipped",
+                                                    message=f"a {path.suffix} file that is not a log: not read"))
                 return
             raise UnknownFormatError("not a llama-server log or replay record this version knows", path=str(path),
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "
@@ -437,8 +469,7 @@ class Ingestor:
             last = batch[-1][0]
             assemble_events(ev, last)
             done_bytes[0] += last.end_offset - batch[0][0].first_offset
-            if self.progress:
-                self.progress(done_bytes[0], total_bytes)
+            self.tick(done_bytes[0], requests=n_requests)
         if tail.height and compression and last is not None:  # a compressed file does not grow
             assemble_events(tail, last)
         elif tail.height:
@@ -671,7 +702,7 @@ def check_tz(tz: str) -> str:
 def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,
            started_at: datetime | None = None, keep_going: bool = False, mapping: Path | str | None = None,
            tz: str = "UTC",
-           progress: Callable[[int, int], None] | None = None, on_wait: Callable[[], None] | None = None,
+           progress: Callable[[Progress], None] | None = None, on_wait: Callable[[], None] | None = None,
            ) -> IngestResult:
     """Ingest files and folders into the store at ``store_path`` (created if missing)."""
     files, hidden = discover(paths)
@@ -695,9 +726,12 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
-        total = sum(f.stat().st_size for f, _ in files)
+        sizes = [f.stat().st_size for f, _ in files]
+        total = sum(sizes)
+        ing.at = Progress(files_total=len(files), bytes_total=total)
         done = [0]
-        for path, root in files:
+        for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
+            ing.tick(done[0])
             point = ing.txn.savepoint()
             meta_before = ing.files_meta.get(file_id_of(path))
             try:
@@ -717,6 +751,8 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
                     ing.files_meta[file_id_of(path)] = meta_before
                 ing.result.errors.append(exc.one_line())
                 ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
+            done[0] = max(done[0], upto)  # a file read in part (skipped, failed, cut) is done all the same
+            ing.tick(done[0], file_done=True)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load

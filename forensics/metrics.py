@@ -26,7 +26,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from forensics.errors import InputError, NotFoundError, QueryError
+from forensics import runs as runs_mod
+from forensics.errors import InputError, QueryError
 from forensics.store import Store, fetch_pl
 from forensics.vocab import SOURCES
 
@@ -42,7 +43,6 @@ def load_query(name: str) -> str:
 
 # The views the throughput path reads, and the tables whose rows make a run known to it.
 THROUGHPUT_TABLES = ["requests", "attempts", "runs", "instances"]
-RUN_TABLES = ["requests", "attempts", "runs"]
 
 
 def _con(store: Store | duckdb.DuckDBPyConnection,
@@ -52,54 +52,12 @@ def _con(store: Store | duckdb.DuckDBPyConnection,
     return store, False
 
 
-def all_runs(store: Store | duckdb.DuckDBPyConnection) -> list[str]:
-    """Runs with requests, attempts or a manifest, sorted."""
-    if isinstance(store, Store):
-        names = store.run_names(RUN_TABLES)  # from the manifest, without opening a file
-        if names is not None:
-            return names
-    con, own = _con(store, RUN_TABLES)
-    try:
-        rows = con.execute(
-            "SELECT DISTINCT run FROM (SELECT run FROM requests UNION ALL SELECT run FROM attempts "
-            "UNION ALL SELECT run FROM runs) WHERE run IS NOT NULL ORDER BY run"
-        ).fetchall()
-    finally:
-        if own:
-            con.close()
-    return [r[0] for r in rows]
-
-
-def _run_list(known: list[str], limit: int = 12) -> str:
-    """The store's runs for a one-line message: the first few, then how many more."""
-    if not known:
-        return "none; run `forensics ingest` first"
-    more = f" … and {len(known) - limit} more (`forensics runs`)" if len(known) > limit else ""
-    return ", ".join(known[:limit]) + more
-
-
-def resolve_runs(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None, *,
-                 all_when_none: bool = True) -> list[str]:
-    """``runs`` checked against the store.  None or empty means every run, or, for a command about one run
-    (``all_when_none=False``), the store's only run: with several, a one-line error listing them."""
-    known = all_runs(store)
-    if not runs:
-        if all_when_none or len(known) == 1:
-            return known
-        raise NotFoundError("name a run: the store has " + (f"{len(known)} runs" if known else "no run"),
-                            hint=f"runs: {_run_list(known)}")
-    missing = [r for r in runs if r not in known]
-    if missing:
-        raise NotFoundError(f"no run {missing[0]!r} in the store", hint=f"runs: {_run_list(known)}")
-    return list(dict.fromkeys(runs))
-
-
 def lanes_source(store: Store, runs: list[str] | None, source: str = "auto") -> str:
     """The requests a per-request chart draws: with ``auto``, the server's when its log has requests for
     ``runs`` (the slots are the lanes), else the replay records."""
     if source != "auto":
         return source
-    names = resolve_runs(store, runs)
+    names = runs_mod.resolve(store, runs).runs
     con = store.connect(tables=["requests"])
     try:
         n = con.execute("SELECT count(*) FROM requests WHERE list_contains($runs, run)", {"runs": names}).fetchone()
@@ -115,7 +73,7 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
         raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
     con, own = _con(store, THROUGHPUT_TABLES)
     try:
-        names = resolve_runs(store if own else con, runs)
+        names = runs_mod.resolve(store if own else con, runs).runs
         return fetch_pl(con, load_query("request_intervals"), {"runs": names, "source": source})
     finally:
         if own:
@@ -151,7 +109,7 @@ def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None 
                 con.unregister("request_intervals")
         # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows
         # stay inside DuckDB instead of going to polars and back.
-        names = resolve_runs(store if own else con, runs)
+        names = runs_mod.resolve(store if own else con, runs).runs
         return fetch_pl(con, _throughput_sql(), {"runs": names, "source": source})
     finally:
         if own:
@@ -489,10 +447,10 @@ def comparable_runs(store: Store, runs: list[str], *, broken: dict[str, str] | N
     """The runs one throughput comparison may pool.  Several runs named: those.  One run: the runs with its
     setup and workload (its sweep).  Either way, ``broken`` runs (run -> why: a dead slot, a crash, killed by
     a watchdog) are left out, as they measure a broken server rather than the concurrency."""
-    known = resolve_runs(store, runs)
+    known = runs_mod.resolve(store, runs).runs
     broken = broken or {}
     if len(known) == 1:
-        keys = _workload_keys(store, all_runs(store))
+        keys = _workload_keys(store, runs_mod.all_runs(store))
         mine = keys.get(known[0])
         pool = [r for r, k in keys.items() if k == mine] if mine is not None else known
         basis = ("the runs of its sweep" if mine and mine[0] == "sweep" else

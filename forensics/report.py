@@ -27,6 +27,7 @@ from typing import Any
 import polars as pl
 
 from forensics import metrics
+from forensics import runs as runs_mod
 from forensics.errors import ForensicsError, bug_boundary
 from forensics.store import Store
 
@@ -245,7 +246,7 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     from forensics import charts  # altair only here, when a report is asked for
     from forensics.verdict import verdict
 
-    names = metrics.resolve_runs(store, [runs] if isinstance(runs, str) else list(runs or []), all_when_none=False)
+    names = runs_mod.resolve(store, runs, one=True).runs
     notes: list[str] = []
     verdicts, why = _computed(lambda: verdict(store, names))
     body = [_verdict_section(verdicts) if verdicts else f'<p class="na">{html.escape(why)}</p>',

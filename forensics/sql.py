@@ -9,8 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from forensics.errors import QueryError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 QUERIES_DIR = Path(__file__).resolve().parent / "queries"
 
@@ -37,3 +41,20 @@ def load_query(name: str) -> Query:
             break
         header.append(line[2:].removeprefix(" "))
     return Query(name, text, "\n".join(header).strip())
+
+
+def run_sql(store: Any, query: str) -> pl.DataFrame:
+    """A user's SQL ``query`` over every table of ``store``, as a polars DataFrame; a DuckDB error is a
+    QueryError with its first line."""
+    import duckdb
+
+    from forensics.store import fetch_pl
+
+    con = store.connect()
+    try:
+        return fetch_pl(con, query)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).splitlines()[0], hint="check the SQL; tables: files, instances, events, "
+                         "requests, unparsed, runs, attempts, items") from exc
+    finally:
+        con.close()

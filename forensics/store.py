@@ -323,18 +323,28 @@ class Store:
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
             return
         files = ", ".join("'" + p.replace("'", "''") + "'" for p in parts)
-        cols = ", ".join(f'"{c.name}"' for c in schema.TABLES[table])
-        extra = ""
-        if table == "events":
-            extra = ", * EXCLUDE (" + ", ".join(f'"{c.name}"' for c in schema.TABLES[table]) + ")"
+        source = f"read_parquet([{files}], hive_partitioning = true, union_by_name = true)"
         try:
-            con.execute(
-                f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}{extra} FROM read_parquet([{files}], "
-                "hive_partitioning = true, union_by_name = true)"
-            )
+            try:
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {self._columns(table, None)} FROM {source}")
+            except duckdb.BinderException:  # parts written before a column was added: it reads as NULL
+                have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {self._columns(table, have)} FROM {source}")
         except duckdb.Error as exc:  # a damaged part: say so, never read it as "no rows"
             raise StoreError(f"cannot read the {table} table: {str(exc).splitlines()[0]}",
                              hint="run `forensics check` to see how to repair the store") from exc
+
+    @staticmethod
+    def _columns(table: str, have: set[str] | None) -> str:
+        """The view's select list: the schema's columns in order (NULL of the column's type for one that no
+        part has, when ``have`` says which they have); events keep their format-specific fields too."""
+        declared = schema.TABLES[table]
+        cols = [f'"{c.name}"' if have is None or c.name in have else
+                f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in declared]
+        if table == "events":
+            known = [f'"{c.name}"' for c in declared if have is None or c.name in have]
+            cols.append("* EXCLUDE (" + ", ".join(known) + ")" if known else "*")
+        return ", ".join(cols)
 
     def run_names(self, tables: list[str]) -> list[str] | None:
         """The runs with rows in any of ``tables``, sorted, read from the manifest's part paths (no file is
@@ -383,16 +393,6 @@ class Store:
         finally:
             con.close()
         return schema.conform(df, name) if name != "events" else df
-
-    def runs_seen(self) -> list[str]:
-        con = self.connect(tables=["requests", "files", "runs"])
-        try:
-            rows = con.execute(
-                "SELECT DISTINCT run FROM (SELECT run FROM files UNION SELECT run FROM runs) ORDER BY run"
-            ).fetchall()
-        finally:
-            con.close()
-        return [r[0] for r in rows if r[0] is not None]
 
 
 def fetch_pl(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> pl.DataFrame:

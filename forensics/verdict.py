@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from forensics import findings, metrics
+from forensics import runs as runs_mod
 from forensics.metrics import Comparable
 from forensics.store import Store, fetch_pl
 
@@ -224,7 +225,7 @@ def _cap(cap: dict[str, Any] | None, stoppable: int) -> list[Fact]:
 def verdict(store: Store, runs: str | list[str] | None = None) -> list[RunVerdict]:
     """One verdict per run (all runs when none are given), from the findings."""
     dead = findings.dead_slot_report(store, runs)  # type: ignore[arg-type]
-    names = _run_names(store, runs)
+    names = runs_mod.resolve(store, runs).runs
     runaways = findings.find_runaways(store, runs)  # type: ignore[arg-type]
     over = findings.find_prompt_over_context(store, runs)  # type: ignore[arg-type]
     errors = findings.error_groups(store, names)  # type: ignore[arg-type]
@@ -279,14 +280,6 @@ def _healthy(run: str, df: pl.DataFrame, n: int) -> Fact:
     text = f"{_plural(n, 'request')}{where}, nothing abnormal found." if n else \
         "no server requests in the store for this run (replay records only)."
     return Fact("healthy", text, [], {"requests": n})
-
-
-def _run_names(store: Store, runs: str | list[str] | None) -> list[str]:
-    con = store.connect(tables=[])
-    try:
-        return findings._resolve(con, runs, store)
-    finally:
-        con.close()
 
 
 BROKEN_KINDS = ("dead_slot", "crash", "ended")  # facts that make a run measure a broken server

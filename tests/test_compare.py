@@ -45,8 +45,9 @@ def test_the_numbers_are_the_metrics_and_findings_own(demo: tuple[Path, Any]) ->
         assert rows[label]["run-np6"] == pytest.approx(m["run-np6"][col]), label
     assert (rows["dead slots"]["run-np4"], rows["dead slots"]["run-np6"]) == (0.0, 1.0)
     assert (rows["prompts over the context"]["run-np4"], rows["prompts over the context"]["run-np6"]) == (2.0, 0.0)
-    assert cmp.items.rows() == [("META", "score", "run-np4"), ("V", "extract", "run-np4"), ("V", "score", "run-np4"),
-                                ("CRM", "extract", "run-np6"), ("CRM", "score", "run-np6")]
+    # a stage expects the items sent to it at least once: V and CRM failed in extract and were never scored
+    assert cmp.items.rows() == [("META", "score", "run-np4"), ("V", "extract", "run-np4"),
+                                ("CRM", "extract", "run-np6")]
 
 
 def test_compare_cli(demo: tuple[Path, Any], tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_unknown_run(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
         main(["deadslots", "nope", "--store", str(store.root)])
     assert exc.value.code == 2
     assert capsys.readouterr().err == (
-        "forensics: error: no run 'nope' in the store (known runs: " + ", ".join(RUNS) + ")\n")
+        "forensics: error: no run 'nope' in the store (runs: " + ", ".join(RUNS) + ")\n")
 
 
 def test_cli_runaways_table(store: Store) -> None:

@@ -42,7 +42,7 @@ def folder(tmp_path: Path, *, extra_json: bool = False) -> Path:
 def test_the_mapping_reads_its_files_and_everything_else_is_read_as_usual(tmp_path: Path) -> None:
     run = folder(tmp_path)
     store = str(tmp_path / "s")
-    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going")
+    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going", "-v")
     assert code == 0, err
     lines = [line for line in err.splitlines() if not line.startswith(("warning: ", "total: "))]
     prom = (f"error     {run / 'metrics.prom'}  ?  {run / 'metrics.prom'}: not a llama-server log or replay record "
@@ -69,7 +69,7 @@ def test_the_mapping_reads_its_files_and_everything_else_is_read_as_usual(tmp_pa
 def test_keep_going_goes_past_a_file_the_mapping_does_not_fit(tmp_path: Path) -> None:
     run = folder(tmp_path, extra_json=True)
     store = str(tmp_path / "s")
-    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going")
+    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going", "-v")
     assert code == 0, err
     mapping = ROOT / "forensics" / "mappings" / "vllm-bench.toml"
     assert (f"error     {run / 'config.json'}  records:?  {mapping}: [manifest.fields] model = 'model_id': no such "
@@ -85,7 +85,7 @@ def test_a_file_named_on_the_command_line_is_read_by_a_mapping_without_globs(tmp
     m = tmp_path / "m.toml"
     m.write_text('[attempts.fields]\nitem = "job"\noutcome = { path = "ok", map = { "true" = "ok", "*" = "failed" } }\n'
                  '[attempts.set]\nrun_id = "r"\nstage = "s"\n')
-    code, _, err = forensics("ingest", str(data), "--mapping", str(m), "--store", str(tmp_path / "s"))
+    code, _, err = forensics("ingest", str(data), "--mapping", str(m), "--store", str(tmp_path / "s"), "-v")
     assert code == 0, err
     assert f"ingested  {data}  records:mapped\n" in err
 

@@ -48,7 +48,7 @@ def forensics(*args: str) -> tuple[int, str, str]:
 def test_records_beside_a_log_are_the_logs_run_with_their_id_as_alias(tmp_path: Path) -> None:
     folder = run_folder(tmp_path)
     store = str(tmp_path / "s")
-    code, _, err = forensics("ingest", str(folder), "--store", store)
+    code, _, err = forensics("ingest", str(folder), "--store", store, "-v")
     assert code == 0, err
     assert ("warning: records of run 'bench-7' are run 'nightly-1129' (the server log in the same folder); "
             "'bench-7' is kept as its alias\n") in err
@@ -77,7 +77,7 @@ def test_a_log_ingested_after_its_records_ties_them(tmp_path: Path) -> None:
     assert forensics("ingest", str(folder), "--store", store)[0] == 0
     assert forensics("runs", "--store", store, "--format", "csv")[1].splitlines()[1].startswith("bench-7,,2,3,")
     (folder / "server.log").write_bytes(LOG.read_bytes())
-    code, _, err = forensics("ingest", str(folder), "--store", store)
+    code, _, err = forensics("ingest", str(folder), "--store", store, "-v")
     assert code == 0, err
     assert f"unchanged {folder / 'attempts.jsonl'}  records:attempts\n" in err
     assert forensics("runs", "--store", store, "--format", "csv")[1].splitlines()[1:] == [

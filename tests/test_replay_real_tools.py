@@ -129,7 +129,7 @@ def test_a_tool_folder_ingests_in_one_command(tmp_path: Path, name: str) -> None
         (folder / p.relative_to(REAL / name)).parent.mkdir(parents=True, exist_ok=True)
         (folder / p.relative_to(REAL / name)).write_bytes(p.read_bytes())
     store = tmp_path / "s"
-    res = CliRunner().invoke(cli, ["ingest", str(folder), "--mapping", MAPPING[name], "--store", str(store)])
+    res = CliRunner().invoke(cli, ["ingest", str(folder), "--mapping", MAPPING[name], "--store", str(store), "-v"])
     assert res.exit_code == 0, res.output
     listed = {line.split()[1]: line.split()[2] for line in res.stderr.splitlines() if line.startswith("ingested ")}
     assert sorted(listed) == [str(folder / p.relative_to(REAL / name)) for p in data]

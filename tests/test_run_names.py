@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics import findings, schema
+from forensics import runs, schema
 from forensics.store import Store
 
 
@@ -23,7 +23,7 @@ def _store(root: Path, names: list[str]) -> Store:
 
 
 def _from_views(store: Store) -> list[object]:
-    con = store.connect(tables=findings.RUN_TABLES)
+    con = store.connect(tables=list(runs.RUN_TABLES))
     try:
         return [r[0] for r in con.execute("SELECT DISTINCT run FROM runs ORDER BY run").fetchall()]
     finally:
@@ -36,20 +36,20 @@ def _from_views(store: Store) -> list[object]:
 ])
 def test_run_names_match_the_views(tmp_path: Path, names: list[str]) -> None:
     store = _store(tmp_path / "store", names)
-    assert store.run_names(findings.RUN_TABLES) == _from_views(store) == sorted(names)
+    assert store.run_names(list(runs.RUN_TABLES)) == _from_views(store) == sorted(names)
 
 
 @pytest.mark.parametrize("names", [["1", "2"], ["2024-01-01"], [""], ["true"], ["NULL", "x"]])
 def test_names_duckdb_may_type_fall_back_to_the_views(tmp_path: Path, names: list[str]) -> None:
     store = _store(tmp_path / "store", names)
-    assert store.run_names(findings.RUN_TABLES) is None
-    con = store.connect(tables=findings.RUN_TABLES)
+    assert store.run_names(list(runs.RUN_TABLES)) is None
+    con = store.connect(tables=list(runs.RUN_TABLES))
     try:
-        assert findings.known_runs(con, store) == findings.known_runs(con)
+        assert runs.all_runs(store) == runs.all_runs(con)
     finally:
         con.close()
 
 
 def test_known_runs_of_an_empty_store(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", create=True)
-    assert store.run_names(findings.RUN_TABLES) == []
+    assert store.run_names(list(runs.RUN_TABLES)) == []

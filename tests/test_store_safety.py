@@ -227,3 +227,27 @@ def test_a_damaged_part_is_an_error_not_an_empty_table(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["check", "--store", str(store_dir), "--format", "csv"])
     assert res.exit_code == 1
     assert f"problem,attempts: {part}:" in res.stdout and "problem,cannot read the attempts table" in res.stdout
+
+
+def test_parts_written_before_a_column_was_added_read_it_as_null(tmp_path: Path) -> None:
+    """A store from an older version (its runs parts lack the columns added since) still reads: the new
+    columns are NULL of their type, the old ones keep their values."""
+    import polars as pl
+
+    from forensics import schema
+    from forensics.store import Store
+
+    store = Store(tmp_path / "store", create=True)
+    txn = store.transaction()
+    old = schema.conform(pl.DataFrame({"run": ["r1"], "model": ["m"]}), "runs").drop("alias", "summary_ok")
+    txn.write("runs", old, run="r1", name="old")
+    txn.commit()
+    con = store.connect(tables=["runs"])
+    try:
+        got = con.execute("SELECT run, model, alias, summary_ok FROM runs").fetchall()
+        types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE runs)").fetchall())
+    finally:
+        con.close()
+    assert got == [("r1", "m", None, None)]
+    assert (types["alias"], types["summary_ok"]) == ("VARCHAR", "BIGINT")
+    assert list(types) == [c.name for c in schema.TABLES["runs"]]

@@ -5,157 +5,181 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
+from forensics import cli as cli_mod
+from parsers.spec import ALIASES, format_names  # light: the format names only, no engine
 
-def register(cli: click.Group) -> None:
-    # Only what the options need here: the parser, the store and polars load when a command runs,
-    # so that every other command starts fast.
-    from forensics import cli as cli_mod
-    from parsers.spec import ALIASES, format_names
 
-    @cli.command()
-    @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-    @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
-    @click.option("--format", "fmt", type=click.Choice(sorted([*format_names(), *ALIASES])), default=None,
-                  help="Read with one format's line kinds only (default: every format; the one most lines "
-                       "belong to is reported).")
-    @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
-    @click.option("--mapping", default=None,
-                  help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "
-                       "guidellm, aiperf, llmperf, sglang).")
-    @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
-    @click.option("--tz", default="UTC", show_default=True,
-                  help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
-    @cli_mod.store_option
-    def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
-               mapping: str | None, keep_going: bool, tz: str, store_path: Path | None) -> None:
-        """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store."""
-        from forensics import ingest as ingest_mod
+@click.command(epilog="""\b
+Examples:
+  forensics ingest logs/                         every log and record file under logs/, one run per folder
+  forensics ingest run-42/ --mapping guidellm    a folder with a peer tool's results beside the server log
+  forensics ingest server.log --run run-42 -v    one file, named run, a line per file read
+""")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
+@click.option("--format", "fmt", type=click.Choice(sorted([*format_names(), *ALIASES])), default=None,
+              help="Read with one format's line kinds only (default: every format; the one most lines "
+                   "belong to is reported).")
+@click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")
+@click.option("--mapping", default=None,
+              help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "
+                   "guidellm, aiperf, llmperf, sglang).")
+@click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
+@click.option("--tz", default="UTC", show_default=True,
+              help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
+@click.option("-v", "--verbose", is_flag=True, help="One line per file read (files with something to say are "
+                                                    "always listed).")
+@cli_mod.store_option
+def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
+           mapping: str | None, keep_going: bool, tz: str, verbose: bool, store_path: Path | None) -> None:
+    """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store: one
+    progress bar while it reads, then one summary line."""
+    from forensics import ingest as ingest_mod
 
-        store_dir = cli_mod.resolve_store(store_path)
-        t0 = time.monotonic()
-        bar = _Progress(t0)
-        failed: ingest_mod.FilesNotRead | None = None
-        try:
-            result = ingest_mod.ingest(
-                store_dir, list(paths), run=run, fmt=fmt,
-                started_at=ingest_mod.parse_time(started_at) if started_at else None,
-                keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
-                on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
-                                           err=True),
-            )
-        except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2
-            failed, result = exc, exc.result
-        bar.close()
-        for f in result.files:
-            line = f"{f.status:<9} {f.path}  {f.kind}"
-            if f.status not in {"unchanged", "error", "duplicate"} and not f.kind.startswith("records"):
-                line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
-                         f"requests={f.requests}")
-            if f.message:
-                line += f"  {f.message}"
-            click.echo(line, err=True)
-        for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
-        shown = {f.message for f in result.files if f.status == "error"}
-        for e in result.errors:
-            if e not in shown:
-                click.echo(f"error: {e}", err=True)
-        t = result.totals
-        click.echo(f"total: files={len(result.files)} lines={t['lines']} parsed={t['parsed']} "
-                   f"skipped={t['skipped']} unparsed={t['unparsed']} requests={t['requests']} "
-                   f"({time.monotonic() - t0:.1f}s) -> {store_dir}", err=True)
-        if result.unknown_shapes:
-            click.echo("most common unknown line shapes:", err=True)
-            for shape, n in result.unknown_shapes:
-                click.echo(f"  {n:>7}  {shape}", err=True)
-        if failed is not None:
-            raise failed
+    store_dir = cli_mod.resolve_store(store_path)
+    t0 = time.monotonic()
+    bar = _Progress(t0)
+    failed: ingest_mod.FilesNotRead | None = None
+    try:
+        result = ingest_mod.ingest(
+            store_dir, list(paths), run=run, fmt=fmt,
+            started_at=ingest_mod.parse_time(started_at) if started_at else None,
+            keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
+            on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
+                                       err=True))
+    except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2
+        failed, result = exc, exc.result
+    bar.close()
+    _report_ingest(result, verbose, store_dir, time.monotonic() - t0)
+    if failed is not None:
+        raise failed
 
-    @cli.command()
-    @click.argument("query")
-    @cli_mod.format_option
-    @cli_mod.store_option
-    def sql(query: str, fmt: str, store_path: Path | None) -> None:
-        """Run a SQL QUERY (DuckDB) over the store's tables."""
-        import duckdb
 
-        from forensics.render import render
-        from forensics.store import Store, fetch_pl
+def _file_line(f: Any) -> str:
+    line = f"{f.status:<9} {f.path}  {f.kind}"
+    if f.status not in {"unchanged", "error", "duplicate", "skipped"} and not f.kind.startswith("records"):
+        line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
+                 f"requests={f.requests}")
+    return line + (f"  {f.message}" if f.message else "")
 
-        store = Store(cli_mod.resolve_store(store_path))
-        con = store.connect()
-        try:
-            df = fetch_pl(con, query)
-        except duckdb.Error as exc:
-            from forensics.errors import QueryError
 
-            raise QueryError(str(exc).splitlines()[0], hint="check the SQL; tables: files, instances, events, "
-                             "requests, unparsed, runs, attempts, items") from exc
-        finally:
-            con.close()
-        render(df, fmt, sys.stdout)
-
-    @cli.command()
-    @cli_mod.format_option
-    @cli_mod.store_option
-    def summary(fmt: str, store_path: Path | None) -> None:
-        """The verdict on each run first, then what the store holds: files, instances, and requests per run."""
-        import json
-
-        import polars as pl
-
-        from forensics import ingest as ingest_mod
-        from forensics.render import render, to_json
-        from forensics.store import Store
-        from forensics.verdict import verdict
-
-        store = Store(cli_mod.resolve_store(store_path))
-        verdicts = verdict(store)
-        parts = ingest_mod.summary(store)
-        if fmt == "json":
-            body = [f'"verdict": {json.dumps([v.as_dict() for v in verdicts], ensure_ascii=False, default=str)}']
-            body += [f'"{k}": {to_json(v)}' for k, v in parts.items()]
-            sys.stdout.write("{" + ",".join(body) + "}\n")
-            return
-        if fmt == "table":
-            click.echo("# verdict")
-            for v in verdicts:
-                click.echo(v.paragraph())
-            click.echo("")
-        else:
-            render(pl.DataFrame({"run": [v.run for v in verdicts], "healthy": [v.healthy for v in verdicts],
-                                 "verdict": [v.paragraph(evidence=False) for v in verdicts]}), fmt, sys.stdout)
-        for name, df in parts.items():
-            if fmt == "table":
-                click.echo(f"# {name}")
-            render(df, fmt, sys.stdout)
-            if fmt == "table":
-                click.echo("")
+def _report_ingest(result: Any, verbose: bool, store_dir: Path, seconds: float) -> None:
+    """Per-file lines (with -v, else only files with a message), warnings, errors, one summary line."""
+    for f in result.files:
+        if verbose or (f.message and f.status != "skipped"):
+            click.echo(_file_line(f), err=True)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    shown = {f.message for f in result.files if f.status == "error"}
+    for e in result.errors:
+        if e not in shown:
+            click.echo(f"error: {e}", err=True)
+    t = result.totals
+    by_status: dict[str, int] = {}
+    for f in result.files:
+        by_status[f.status] = by_status.get(f.status, 0) + 1
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
+    click.echo(f"total: files={len(result.files)} ({statuses}) lines={t['lines']} parsed={t['parsed']} "
+               f"skipped={t['skipped']} unparsed={t['unparsed']} requests={t['requests']} ({seconds:.1f}s) "
+               f"-> {store_dir}", err=True)
+    if result.unknown_shapes and verbose:
+        click.echo("most common unknown line shapes:", err=True)
+        for shape, n in result.unknown_shapes:
+            click.echo(f"  {n:>7}  {shape}", err=True)
+    elif result.unknown_shapes:
+        click.echo(f"note: {t['unparsed']} lines were not understood: -v lists their most common shapes", err=True)
 
 
 class _Progress:
-    """A progress bar on stderr, shown only for ingests longer than a second."""
+    """One progress bar on stderr for the whole ingest (files, bytes, requests), shown only for ingests
+    longer than a second and only on a terminal."""
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
-        self.bar = None
+        self.bar: Any = None
 
-    def update(self, done: int, total: int) -> None:
+    def update(self, at: Any) -> None:
         if self.bar is None:
-            if time.monotonic() - self.t0 < 1.0 or not total:
+            if time.monotonic() - self.t0 < 1.0 or not at.bytes_total or not sys.stderr.isatty():
                 return
-            from rich.progress import BarColumn, Progress, TextColumn, TransferSpeedColumn
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-            self.bar = Progress(TextColumn("ingest"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                                TransferSpeedColumn(), transient=True,
-                                console=__import__("rich.console").console.Console(stderr=True))
+            self.bar = Progress(TextColumn("ingest"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                TextColumn("files {task.fields[files]}  requests {task.fields[requests]:,}"),
+                                transient=True, console=Console(stderr=True))
             self.bar.start()
-            self.task = self.bar.add_task("ingest", total=total)
-        self.bar.update(self.task, completed=done)
+            self.task = self.bar.add_task("ingest", total=at.bytes_total, files="", requests=0)
+        self.bar.update(self.task, completed=at.bytes_done, files=f"{at.files_done}/{at.files_total}",
+                        requests=at.requests)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+@click.command(epilog="""\b
+Examples:
+  forensics sql "select slot, count(*) n, sum(gen_tokens) from requests group by slot"
+  forensics sql "select * from unparsed limit 20" --format csv
+""")
+@click.argument("query")
+@cli_mod.format_option
+@cli_mod.store_option
+def sql(query: str, fmt: str, store_path: Path | None) -> None:
+    """Run a SQL QUERY (DuckDB) over the store's tables: files, instances, events, requests, unparsed, runs,
+    attempts, items."""
+    from forensics.render import render
+    from forensics.sql import run_sql
+
+    render(run_sql(cli_mod.open_store(store_path), query), fmt, sys.stdout)
+
+
+@click.command(epilog="""\b
+Examples:
+  forensics summary                       the verdict, then files, instances and requests per run
+  forensics summary --format json         the same as one JSON object
+""")
+@cli_mod.format_option
+@cli_mod.store_option
+def summary(fmt: str, store_path: Path | None) -> None:
+    """The verdict on each run first, then what the store holds: files, instances, and requests per run."""
+    import json
+
+    import polars as pl
+
+    from forensics import ingest as ingest_mod
+    from forensics.render import render, to_json
+    from forensics.verdict import verdict
+
+    store = cli_mod.open_store(store_path)
+    verdicts = verdict(store)
+    parts = ingest_mod.summary(store)
+    if fmt == "json":
+        body = [f'"verdict": {json.dumps([v.as_dict() for v in verdicts], ensure_ascii=False, default=str)}']
+        body += [f'"{k}": {to_json(v)}' for k, v in parts.items()]
+        sys.stdout.write("{" + ",".join(body) + "}\n")
+        return
+    if fmt == "table":
+        click.echo("# verdict")
+        for v in verdicts:
+            click.echo(v.paragraph())
+        click.echo("")
+    else:
+        render(pl.DataFrame({"run": [v.run for v in verdicts], "healthy": [v.healthy for v in verdicts],
+                             "verdict": [v.paragraph(evidence=False) for v in verdicts]}), fmt, sys.stdout)
+    for name, df in parts.items():
+        if fmt == "table":
+            click.echo(f"# {name}")
+        render(df, fmt, sys.stdout)
+        if fmt == "table":
+            click.echo("")
+
+
+def register(cli: click.Group) -> None:
+    for command in (ingest, sql, summary):
+        cli.add_command(command)

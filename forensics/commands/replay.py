@@ -7,35 +7,52 @@ from pathlib import Path
 
 import click
 
+from forensics import cli as cli_mod
+
+
+@click.command(epilog="""\b
+Examples:
+  forensics runs                          every run: np, items expected / done / missing, wall time, end
+  forensics runs --format csv > runs.csv
+""")
+@cli_mod.format_option
+@cli_mod.store_option
+def runs(fmt: str, store_path: Path | None) -> None:
+    """List the runs: np, items expected / done / missing, attempts, requests, wall time, how each ended."""
+    from forensics import replay  # loaded when a replay command runs, not at every start
+    from forensics.render import render
+
+    render(replay.runs_table(cli_mod.open_store(store_path)), fmt, sys.stdout)
+
+
+@click.command(epilog="""\b
+Examples:
+  forensics missing run-42                every item x stage of run-42 that did not finish, and why
+  forensics missing run-42 --fail-on any  exit 1 when an item went missing
+""")
+@click.argument("run", required=False)
+@cli_mod.fail_on_option
+@cli_mod.format_option
+@cli_mod.store_option
+@click.pass_context
+def missing(ctx: click.Context, run: str | None, fail_on: str, fmt: str, store_path: Path | None) -> None:
+    """List every missing item x stage of RUN (optional when the store holds one run) and why: never
+    attempted, HTTP error, timeout or cancelled, parse error, with evidence from the server log."""
+    from forensics import replay
+    from forensics import runs as runs_mod
+    from forensics.errors import ExitCode
+    from forensics.render import render
+
+    store = cli_mod.open_store(store_path)
+    asked = runs_mod.resolve(store, run, one=True, need="records", command="missing")
+    for note in asked.notes:
+        click.echo(f"note: {note}", err=True)
+    df = replay.missing(store, asked.runs[0])
+    render(df, fmt, sys.stdout)
+    if fail_on == "any" and df.height:
+        ctx.exit(int(ExitCode.FINDINGS))
+
 
 def register(cli: click.Group) -> None:
-    from forensics import cli as cli_mod
-
-    @cli.command()
-    @cli_mod.format_option
-    @cli_mod.store_option
-    def runs(fmt: str, store_path: Path | None) -> None:
-        """List replay runs: np, items expected / done / missing, attempts, requests, wall time, end."""
-        from forensics import replay  # loaded when a replay command runs, not at every start
-        from forensics.render import render
-        from forensics.store import Store
-
-        store = Store(cli_mod.resolve_store(store_path))
-        render(replay.runs_table(store), fmt, sys.stdout)
-
-    @cli.command()
-    @click.argument("run")
-    @cli_mod.format_option
-    @cli_mod.store_option
-    def missing(run: str, fmt: str, store_path: Path | None) -> None:
-        """List every missing item x stage of RUN and why (never attempted, HTTP error, timeout or
-        cancelled, parse error), with evidence from the server log."""
-        from forensics import replay
-        from forensics.render import render
-        from forensics.store import Store
-
-        store = Store(cli_mod.resolve_store(store_path))
-        asked = replay.check_run(store, run, need="records", command="missing")
-        for note in asked.notes:
-            click.echo(f"note: {note}", err=True)
-        render(replay.missing(store, asked.run or run), fmt, sys.stdout)
+    for command in (runs, missing):
+        cli.add_command(command)

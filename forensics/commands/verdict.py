@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from forensics import cli as cli_mod
+from forensics.errors import ExitCode
 
 EXAMPLES = """
 \b
@@ -21,8 +22,7 @@ Examples:
 
 @click.command(epilog=EXAMPLES)
 @click.argument("runs", nargs=-1)
-@click.option("--fail-on", type=click.Choice(["any", "never"]), default="never", show_default=True,
-              help="Exit 1 when a run is not healthy (any).")
+@cli_mod.fail_on_option
 @click.option("--evidence/--no-evidence", default=True, show_default=True,
               help="Show the log lines each sentence rests on (path:first-last).")
 @cli_mod.format_option
@@ -34,10 +34,9 @@ def verdict(ctx: click.Context, runs: tuple[str, ...], fail_on: str, evidence: b
     findings: dead slots, crashes, runaways, prompts over the context, missing items, the cap that would
     have helped. A healthy run gets one line."""
     from forensics.render import render
-    from forensics.store import Store
     from forensics.verdict import verdict as compute
 
-    verdicts = compute(Store(cli_mod.resolve_store(store_path)), list(runs) or None)
+    verdicts = compute(cli_mod.open_store(store_path), list(runs) or None)
     if fmt == "json":
         sys.stdout.write(json.dumps([v.as_dict() for v in verdicts], indent=2, ensure_ascii=False, default=str) + "\n")
     elif fmt == "csv":
@@ -51,7 +50,7 @@ def verdict(ctx: click.Context, runs: tuple[str, ...], fail_on: str, evidence: b
         for v in verdicts:
             click.echo(v.paragraph(evidence=evidence))
     if fail_on == "any" and any(not v.healthy for v in verdicts):
-        ctx.exit(1)
+        ctx.exit(int(ExitCode.FINDINGS))
 
 
 def register(cli: click.Group) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from forensics.errors import NotFoundError
 from forensics.sql import load_query
 from forensics.store import fetch_pl
 
@@ -27,12 +26,6 @@ def _connect(store: Any) -> tuple[duckdb.DuckDBPyConnection, Any]:
     return con, jr
 
 
-def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
-    rows = con.execute("SELECT DISTINCT run FROM (SELECT run FROM runs UNION ALL SELECT run FROM attempts "
-                       "UNION ALL SELECT run FROM items) WHERE run IS NOT NULL ORDER BY run").fetchall()
-    return [r[0] for r in rows]
-
-
 def runs_table(store: Any) -> pl.DataFrame:
     """One row per replay run: run, alias, np, items_expected, items_done, items_missing, attempts, requests,
     wall_s, ended, from (records, or summary for a run read from a benchmark's summary alone)."""
@@ -45,13 +38,12 @@ def runs_table(store: Any) -> pl.DataFrame:
 
 def missing(store: Any, run: str) -> pl.DataFrame:
     """Every expected item x stage of ``run`` that did not finish ok: item, stage, reason, detail,
-    evidence.  Raises NotFoundError naming the known runs when ``run`` is unknown."""
+    evidence.  Raises NotFoundError naming the known runs when ``run`` is unknown, or has no records."""
+    from forensics import runs
+
+    name = runs.resolve(store, [run], need="records", command="missing").runs[0]
     con, _ = _connect(store)
     try:
-        known = known_runs(con)
-        if run not in known:
-            raise NotFoundError(f"no replay run {run!r}",
-                                hint=f"known runs: {', '.join(known) or 'none; ingest replay records first'}")
-        return fetch_pl(con, load_query("missing").text, {"run": run})
+        return fetch_pl(con, load_query("missing").text, {"run": name})
     finally:
         con.close()
