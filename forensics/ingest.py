@@ -205,6 +205,7 @@ class Ingestor:
         self.started_at = started_at
         self.progress = progress
         self.at = Progress()
+        self._engines: dict[str, Engine] = {}
         self.keep_going = keep_going
         self.mapping = mapping
         self.tz = check_tz(tz)
@@ -219,6 +220,13 @@ class Ingestor:
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
 
     # -------------------------------------------------------------- per file
+    def _engine(self, fmt: Format) -> Engine:
+        """One engine per format for the whole ingest: building one compiles every kind's regex, which costs
+        more than classifying a short log (the kinds it learns to try first only change the speed)."""
+        if fmt.name not in self._engines:
+            self._engines[fmt.name] = Engine(fmt)
+        return self._engines[fmt.name]
+
     def tick(self, bytes_done: int, *, requests: int = 0, file_done: bool = False) -> None:
         """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
         # a compressed file counts its decompressed bytes while it is read: never past the whole job's size
@@ -356,7 +364,7 @@ class Ingestor:
                total_bytes: int, done_bytes: list[int], dropped: dict[str, list[str]]) -> None:
         from parsers.reader import ReadState
 
-        engine = Engine(fmt)
+        engine = self._engine(fmt)
         carry = Carry(last_kind=(prev or {}).get("last_kind"))
         astate = assemble.AssembleState()
         saved: dict[str, pl.DataFrame] = {}

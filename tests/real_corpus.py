@@ -147,15 +147,27 @@ def _find(sc: Sidecar, exp: dict[str, Any], reqs: Any, order: dict[str, int]) ->
     return rows.row(0, named=True) if rows.height == 1 else None
 
 
-def score(sc: Sidecar, store_dir: Path) -> Score:
-    """Compare the tool's tables for one corpus log with its sidecar's facts."""
-    import polars as pl
-
+def tables(store_dir: Path) -> dict[str, Any]:
+    """The store's tables a score reads, each read once for the whole corpus."""
     from forensics.store import Store
 
-    out = Score(sc.name, facts=sc.n_facts())
     store = Store(store_dir)
-    files = store.table("files").filter(pl.col("run") == sc.name)
+    return {name: store.table(name) for name in ("files", "unparsed", "requests", "instances")}
+
+
+def score_all(sidecars: list[Sidecar], store_dir: Path) -> list[Score]:
+    loaded = tables(store_dir)
+    return [score(sc, loaded) for sc in sidecars]
+
+
+def score(sc: Sidecar, store: Path | dict[str, Any]) -> Score:
+    """Compare the tool's tables for one corpus log (a store folder, or its ``tables``) with its sidecar's
+    facts."""
+    import polars as pl
+
+    out = Score(sc.name, facts=sc.n_facts())
+    t = tables(store) if isinstance(store, Path) else store
+    files = t["files"].filter(pl.col("run") == sc.name)
     skip = sc.not_server_lines() | set(sc.file.get("cut_lines", []))
     lines = sc.log.read_text(encoding="utf-8", errors="replace").split("\n")
     blank = {i + 1 for i, t in enumerate(lines) if not t.strip()}
@@ -164,10 +176,10 @@ def score(sc: Sidecar, store_dir: Path) -> Score:
         out.refused = "not read"
         out.wrong = ["file not read"]
         return out
-    unparsed = store.table("unparsed").filter(pl.col("run") == sc.name)["line_no"].to_list()
+    unparsed = t["unparsed"].filter(pl.col("run") == sc.name)["line_no"].to_list()
     out.unparsed_server = sorted(n for n in unparsed if n not in skip and n not in blank)
-    reqs = store.table("requests").filter(pl.col("run") == sc.name)
-    inst = store.table("instances").filter(pl.col("run") == sc.name)
+    reqs = t["requests"].filter(pl.col("run") == sc.name)
+    inst = t["instances"].filter(pl.col("run") == sc.name)
     got_file = {"instances": inst.height, "requests": reqs.height,
                 "restarts": int(inst.filter(pl.col("instance").str.contains("#")).height),
                 "crashes": int(inst["crashed"].sum()) if "crashed" in inst.columns else 0}
@@ -198,8 +210,7 @@ def measure(fmt: str | None = None) -> list[Score]:
 
     sidecars = corpus()
     with tempfile.TemporaryDirectory() as d:
-        store = ingest_corpus(sidecars, Path(d), fmt)
-        return [score(sc, store) for sc in sidecars]
+        return score_all(sidecars, ingest_corpus(sidecars, Path(d), fmt))
 
 
 def summary_line(scores: list[Score]) -> str:

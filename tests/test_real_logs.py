@@ -24,6 +24,12 @@ def corpus_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return real_corpus.ingest_corpus(real_corpus.corpus(), tmp_path_factory.mktemp("corpus"))
 
 
+@pytest.fixture(scope="module")
+def scores(corpus_store: Path) -> dict[str, real_corpus.Score]:
+    """Every corpus log's score, the store's tables read once."""
+    return {s.name: s for s in real_corpus.score_all(real_corpus.corpus(), corpus_store)}
+
+
 def test_the_corpus_is_big_and_well_formed() -> None:
     sidecars = real_corpus.corpus()
     assert len(sidecars) >= 60
@@ -46,17 +52,16 @@ def test_every_real_log_is_read_and_accounted_for(corpus_store: Path) -> None:
 
 
 @pytest.mark.parametrize("sidecar", real_corpus.corpus(), ids=lambda s: s.name)
-def test_every_hand_checked_fact_is_right(corpus_store: Path, sidecar: real_corpus.Sidecar) -> None:
-    score = real_corpus.score(sidecar, corpus_store)
+def test_every_hand_checked_fact_is_right(scores: dict[str, real_corpus.Score], sidecar: real_corpus.Sidecar) -> None:
+    score = scores[sidecar.name]
     assert score.wrong == []
     assert score.right == score.facts
 
 
-def test_almost_no_server_line_is_left_unparsed(corpus_store: Path) -> None:
-    scores = [real_corpus.score(sc, corpus_store) for sc in real_corpus.corpus()]
-    server = sum(s.server_lines for s in scores)
-    unparsed = sum(len(s.unparsed_server) for s in scores)
-    assert unparsed <= 0.02 * server, [(s.name, s.unparsed_server) for s in scores if s.unparsed_server]
+def test_almost_no_server_line_is_left_unparsed(scores: dict[str, real_corpus.Score]) -> None:
+    server = sum(s.server_lines for s in scores.values())
+    unparsed = sum(len(s.unparsed_server) for s in scores.values())
+    assert unparsed <= 0.02 * server, [(s.name, s.unparsed_server) for s in scores.values() if s.unparsed_server]
 
 
 @pytest.mark.parametrize("fmt", [None, *format_names(), *ALIASES])
@@ -72,13 +77,13 @@ def test_no_traceback_under_any_forced_format(tmp_path: Path, fmt: str | None) -
     assert "Traceback" not in res.output and "internal error" not in res.output
 
 
-def test_the_docs_say_what_the_corpus_holds_and_measures(corpus_store: Path) -> None:
+def test_the_docs_say_what_the_corpus_holds_and_measures(scores: dict[str, real_corpus.Score]) -> None:
     """The README's coverage table and numbers, and fixtures/real/README.md's source table, are current
     (`python -m tests.real_corpus write` regenerates both)."""
     sidecars = real_corpus.corpus()
-    scores = [real_corpus.score(sc, corpus_store) for sc in sidecars]
     readme = real_corpus.README.read_text(encoding="utf-8")
-    assert real_corpus.updated(readme, "coverage", real_corpus.coverage_markdown(sidecars, scores)) == readme
+    coverage = real_corpus.coverage_markdown(sidecars, [scores[sc.name] for sc in sidecars])
+    assert real_corpus.updated(readme, "coverage", coverage) == readme
     index = (real_corpus.CORPUS / "README.md").read_text(encoding="utf-8")
     assert real_corpus.updated(index, "provenance", real_corpus.provenance_markdown(sidecars)) == index
 
