@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.store import Store
-from parsers.spec import ALIASES, format_names
+from parsers.spec import ALIASES, format_names, grammar
 from tests import real_corpus
 
 
@@ -64,7 +64,14 @@ def test_almost_no_server_line_is_left_unparsed(scores: dict[str, real_corpus.Sc
     assert unparsed <= 0.02 * server, [(s.name, s.unparsed_server) for s in scores.values() if s.unparsed_server]
 
 
-@pytest.mark.parametrize("fmt", [None, *format_names(), *ALIASES])
+def test_an_alias_is_its_format() -> None:
+    """``--format`` accepts the aliases; each is the same grammar as its format, so the test below forcing
+    every format covers them."""
+    for alias, target in ALIASES.items():
+        assert grammar(alias) == grammar(target), alias
+
+
+@pytest.mark.parametrize("fmt", [None, *format_names()])
 def test_no_traceback_under_any_forced_format(tmp_path: Path, fmt: str | None) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
