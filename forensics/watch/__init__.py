@@ -184,6 +184,9 @@ class Watcher:
         store_before = set(Store(self.opts.store).parts("events")) if (self.opts.store / MANIFEST).exists() else set()
         changed: set[str] = set()
         for run, group in groups.items():
+            group = [p for p in group if p.exists()]
+            if not group:
+                continue
             try:
                 res = ingest(self.opts.store, group, run=run, keep_going=True, tz=self.opts.tz,
                              mapping=self.opts.mapping)
@@ -192,8 +195,13 @@ class Watcher:
             except ForensicsError as exc:
                 self._note_once(exc.one_line())
                 continue
-            for e in res.errors:
-                self._note_once(e)
+            for f in res.files:
+                if f.status != "error":
+                    continue
+                if Path(f.path).exists():
+                    self._note_once(f.message)
+                else:  # rotated or removed between the scan and the read: the next scan finds it
+                    self.note(f"{f.path}: gone while being read; its content is read where it moved")
             if any(f.status in ("ingested", "appended", "replaced") for f in res.files):
                 changed.add(run)
         self._after_ingest(paths, store_before)
