@@ -95,7 +95,7 @@ def test_every_finding_once_in_order_through_growth_rotation_crash_restart_and_t
     log.write_text("".join(L.banner() + L.normal_requests()), encoding="utf-8")  # history: 48 normal requests
     w = Watch(tmp_path, "logs", "--poll", "0.3s", "--cpu-budget", "1")
     try:
-        time.sleep(2.0)  # it reads the history: nothing to raise there
+        w.wait_note("watch: following 1 file(s) of run(s) live")  # it has read the history: nothing to raise there
         assert w.received() == []
 
         # growth: a runaway, suspected while it runs (its progress lines), confirmed when it ends

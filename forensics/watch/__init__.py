@@ -123,6 +123,10 @@ class Watcher:
                 self._cycle(first and fresh)
                 if first:
                     self.backlog_epochs.clear()
+                    runs = sorted(set(self.runs_of.values()))
+                    self.note(f"following {len(self.follower.seen)} file(s) of run(s) {', '.join(runs) or '-'} into "
+                              f"{self.opts.store}" + (f"; polling {', '.join(self.opts.servers)}" if self.opts.servers
+                                                      else ""))
                 first = False
                 self.state.save_files()
                 used = proc_cpu() - t0
@@ -168,6 +172,9 @@ class Watcher:
                           "it moved")
         for p in ch.gone:
             self.runs_of.pop(p, None)
+        for p in self.follower.seen:
+            if p not in self.runs_of:
+                self.runs_of[p] = run_of(Path(p), self.opts.run, self._root_of(Path(p)))
         self._poll_servers(now)
         runs = changed | self.live_runs
         if self.views:
