@@ -25,6 +25,7 @@ import polars as pl
 from forensics.errors import ForensicsError, StoreError
 from forensics.ingest import FilesNotRead, check_tz, file_id_of, ingest, run_of
 from forensics.store import MANIFEST, Store
+from forensics.watch.compact import compact
 from forensics.watch.deliver import Dispatcher, Hook, Outcome, RetryPolicy
 from forensics.watch.detect import Clock, Identity, LiveInputs, Running, evaluate
 from forensics.watch.follow import Follower, FsEvents, LineIndex, forget, proc_cpu
@@ -212,6 +213,8 @@ class Watcher:
             if any(f.status in ("ingested", "appended", "replaced") for f in res.files):
                 changed.add(run)
         self._after_ingest(paths, store_before)
+        if changed:
+            compact(self.opts.store, [str(p) for p in paths if p.exists()])
         return changed
 
     def _root_of(self, path: Path) -> Path | None:
