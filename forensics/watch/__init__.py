@@ -67,7 +67,7 @@ class WatchSummary:
 class CpuBudget:
     """A token bucket of CPU seconds: it fills at ``share`` per second up to ``burst``; work spends it."""
 
-    def __init__(self, share: float, burst: float = 1.5) -> None:
+    def __init__(self, share: float, burst: float = 3.0) -> None:
         self.share = share
         self.burst = burst
         self.credit = burst
