@@ -302,10 +302,14 @@ class Watcher:
     # ------------------------------------------------------------------ delivery
     def _redeliver(self) -> None:
         pending = self.state.pending()
-        if pending:
+        if any(s in {h.name for h in self.opts.hooks} for _, sinks in pending for s in sinks):
             self.note(f"delivering {len(pending)} alert(s) a previous watch had not delivered yet")
+        configured = {h.name for h in self.opts.hooks}
         for alert, sinks in pending:
-            self.dispatcher.submit(alert, only=sinks)
+            for gone in [s for s in sinks if s not in configured]:  # said once, then settled
+                self.state.write("failed", str(alert["id"]), sink=gone, attempts=0, error="hook no longer configured")
+                self.note(f"{gone}: alert {alert['id']} was never delivered and the hook is no longer configured")
+            self.dispatcher.submit(alert, only=[s for s in sinks if s in configured])
         if self.state.failed():
             self.note(f"{self.state.failed()} earlier hook delivery(ies) failed for good; see the journal "
                       f"{self.state.dir / 'alerts.jsonl'}")

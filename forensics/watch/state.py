@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class WatchState:
         self.order: list[str] = []  # alert ids in the order they were raised
         self.files: dict[str, Any] = {}
         self.torn = 0  # journal lines that could not be read (a crash mid-write)
+        self._lock = threading.Lock()  # the hooks' workers write their outcomes from their own threads
 
     # ------------------------------------------------------------------ lock
     @contextlib.contextmanager
@@ -125,13 +127,14 @@ class WatchState:
     def write(self, event: str, alert_id: str, **fields: Any) -> None:
         """Append one record to the journal and make it durable before returning."""
         rec = {"e": event, "id": alert_id, "at": now_iso(), **fields}
-        self.dir.mkdir(parents=True, exist_ok=True)
         line = json.dumps(rec, ensure_ascii=False, default=str, separators=(",", ":")) + "\n"
-        with (self.dir / JOURNAL).open("ab") as fh:
-            fh.write(line.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._apply(rec)
+        with self._lock:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with (self.dir / JOURNAL).open("ab") as fh:
+                fh.write(line.encode("utf-8"))
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._apply(rec)
 
     def save_files(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
