@@ -148,7 +148,7 @@ def main() -> None:
     args = ap.parse_args()
     extra = args.watch_args.split()
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    for gap in (float(g) for g in args.gaps.split(",")):
+    for gap in (float(g) for g in args.gaps.split(",") if g):
         d = sorted(quiet_delays(args.probes, gap, extra))
         p90 = d[min(len(d) - 1, round(0.9 * (len(d) - 1)))]
         print(f"{len(d)} runaways {gap:g} s apart: write -> hook start median {statistics.median(d):.2f} s, "

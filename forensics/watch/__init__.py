@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics.errors import ForensicsError, StoreError
+from forensics.errors import ForensicsError, InputError
 from forensics.ingest import FilesNotRead, check_tz, file_id_of, ingest, run_of
 from forensics.store import MANIFEST, Store
 from forensics.watch.compact import compact
@@ -119,8 +119,8 @@ class Watcher:
             events = FsEvents(self.opts.paths, self.stop, self.note) if self.opts.events else None
             budget = CpuBudget(self.opts.cpu_budget)
             first = True
+            spent = proc_cpu()
             while not self.stop.is_set():
-                t0 = proc_cpu()
                 self._cycle(first and fresh)
                 if first:
                     self.backlog_epochs.clear()
@@ -130,7 +130,8 @@ class Watcher:
                                                       else ""))
                 first = False
                 self.state.save_files()
-                used = proc_cpu() - t0
+                # everything the process used since the last cycle counts, the threads' work between cycles too
+                used, spent = proc_cpu() - spent, proc_cpu()
                 budget.spend(used)
                 self.summary.cycles += 1
                 self.summary.cpu_s += used
@@ -233,12 +234,14 @@ class Watcher:
                 self.index.mark(str(p), int(m.get("lines_total") or 0), int(m.get("bytes_read") or 0))
         for rel in [r for r in store.parts("events") if r not in before]:
             try:
-                ev = pl.read_parquet(store.root / rel, hive_partitioning=False)
+                lf = pl.scan_parquet(store.root / rel, hive_partitioning=False)
+                cols = [c for c in ("path", "line_no", "elapsed_s", "ts") if c in lf.collect_schema().names()]
+                ev = lf.select(cols).sort("line_no").tail(1).collect()
             except (OSError, pl.exceptions.PolarsError):
                 continue
             if ev.height == 0 or "path" not in ev.columns:
                 continue
-            last = ev.sort("line_no").tail(1).to_dicts()[0]
+            last = ev.to_dicts()[0]
             path = str(last["path"])
             clock = self.clocks.get(path)
             if clock is None or int(last["line_no"]) >= clock.line:
@@ -333,9 +336,9 @@ class Watcher:
 def watch(opts: WatchOptions, *, on_alert: Callable[[dict[str, Any]], None], note: Callable[[str], None],
           stop: Event | None = None) -> WatchSummary:
     """Follow ``opts.paths`` into the store until ``stop`` is set (or one pass with ``opts.once``); each new
-    finding is journaled, passed to ``on_alert`` and delivered to the hooks.  Raises StoreError when another
-    watch runs on the same store."""
+    finding is journaled, passed to ``on_alert`` and delivered to the hooks.  Raises InputError for a path
+    that cannot appear (not even its folder exists) and StoreError when another watch runs on the same store."""
     for p in opts.paths:
         if not p.exists() and not p.parent.exists():
-            raise StoreError(f"{p}: neither it nor its folder exists", hint="pass log files or the folders that hold them")
+            raise InputError(f"{p}: neither it nor its folder exists", hint="pass log files or the folders that hold them")
     return Watcher(opts, on_alert, note, stop or Event()).run()

@@ -118,7 +118,7 @@ class Follower:
                 current[key] = prev
                 continue
             head_sha, head_len = _head_sha(path, st.st_size)
-            epoch = self._lineage(path, prev, (st.st_dev, st.st_ino), by_inode, head_sha, head_len, ch)
+            epoch = self._lineage(path, prev, (st.st_dev, st.st_ino), by_inode, (head_sha, head_len), ch)
             current[key] = FileSeen(key, st.st_dev, st.st_ino, st.st_size, st.st_mtime, epoch, head_sha, head_len,
                                     compression_of(path) is not None)
             self.state["since"].setdefault(key, now)
@@ -134,7 +134,7 @@ class Follower:
         return ch
 
     def _lineage(self, path: Path, prev: FileSeen | None, inode: tuple[int, int], by_inode: dict[tuple[int, int], FileSeen],
-                 head_sha: str, head_len: int, ch: Changes) -> str:
+                 head: tuple[str, int], ch: Changes) -> str:
         """The lineage of a file seen for the first time under this path, or whose inode or size changed.
 
         Only a path never seen before can continue a lineage (a rename keeps the inode; a copy, compressed
@@ -148,13 +148,13 @@ class Follower:
             ch.notes.append(f"{path}: is {old.path} renamed (rotated)")
             return old.epoch
         else:
-            match = self._copy_of(path, head_len)
+            match = self._copy_of(path, head[1])
             if match is not None:
                 ch.notes.append(f"{path}: is a copy of {match[1]}")
                 return match[0]
         epoch = uuid.uuid4().hex[:12]
         self.state["epochs"][epoch] = {"label": stream_label(path), "dir": str(path.parent), "first_path": str(path),
-                                       "head_sha": head_sha, "head_len": head_len}
+                                       "head_sha": head[0], "head_len": head[1]}
         self.new_epochs.add(epoch)
         return epoch
 
