@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from forensics.watch.follow import Follower, stream_label
 from tests import watch_log as L
 from tests.conftest import ROOT
@@ -77,6 +79,16 @@ def test_one_watch_per_store_and_bad_options_in_one_line(tmp_path: Path) -> None
     assert missing.returncode == 2 and missing.stderr.splitlines() == [
         "forensics: error: nowhere/at/all.log: neither it nor its folder exists (pass log files or the folders "
         "that hold them)"]
+
+
+def test_a_nul_in_a_path_is_bad_input_not_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from forensics.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["watch", "logs\x00", "--once", "--store", str(tmp_path / "st")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "forensics: error: 'logs\\x00': a path cannot hold a NUL byte (pass log files or their folders)"]
 
 
 def test_an_alert_cut_off_mid_delivery_is_delivered_by_the_next_watch_once(tmp_path: Path) -> None:

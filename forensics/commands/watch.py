@@ -22,7 +22,7 @@ def register(cli: click.Group) -> None:
     from forensics import cli as cli_mod
 
     @cli.command()
-    @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+    @click.argument("paths", nargs=-1, required=True)  # plain text: the library says what is wrong with a path
     @click.option("--run", default=None, help="Run name for these files (default: the folder each file sits in).")
     @click.option("--on-dead-slot", "on_dead_slot", metavar="CMD", help="Shell command run for each dead-slot alert.")
     @click.option("--on-runaway", "on_runaway", metavar="CMD", help="Shell command run for each runaway alert.")
@@ -45,7 +45,7 @@ def register(cli: click.Group) -> None:
     @click.option("--tz", default="UTC", show_default=True, help="Time zone of log times written without one.")
     @click.option("--mapping", default=None, help="TOML mapping for another harness's records (see ingest).")
     @cli_mod.store_option
-    def watch(paths: tuple[Path, ...], run: str | None, on_dead_slot: str | None, on_runaway: str | None,
+    def watch(paths: tuple[str, ...], run: str | None, on_dead_slot: str | None, on_runaway: str | None,
               on_crash: str | None, on_any: str | None, webhooks: tuple[str, ...], servers: tuple[str, ...],
               poll_s: str, cpu_budget: float, timeout: str, retries: int, backlog: bool, no_events: bool, once: bool,
               tz: str, mapping: str | None, store_path: Path | None) -> None:
@@ -60,7 +60,7 @@ def register(cli: click.Group) -> None:
         hooks += [W.Hook(f"webhook-{i + 1}" if len(webhooks) > 1 else "webhook", None, url=u)
                   for i, u in enumerate(webhooks)]
         opts = W.WatchOptions(
-            paths=list(paths), store=cli_mod.resolve_store(store_path), run=run, hooks=hooks, servers=list(servers),
+            paths=[Path(p) for p in paths], store=cli_mod.resolve_store(store_path), run=run, hooks=hooks, servers=list(servers),
             poll_s=_duration(poll_s), cpu_budget=cpu_budget,
             retry=W.RetryPolicy(attempts=retries, timeout_s=_duration(timeout)), backlog=backlog,
             events=not no_events, tz=tz, mapping=mapping, once=once)

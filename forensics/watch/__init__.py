@@ -339,6 +339,8 @@ def watch(opts: WatchOptions, *, on_alert: Callable[[dict[str, Any]], None], not
     finding is journaled, passed to ``on_alert`` and delivered to the hooks.  Raises InputError for a path
     that cannot appear (not even its folder exists) and StoreError when another watch runs on the same store."""
     for p in opts.paths:
+        if "\x00" in str(p):
+            raise InputError(f"{str(p)!r}: a path cannot hold a NUL byte", hint="pass log files or their folders")
         if not p.exists() and not p.parent.exists():
             raise InputError(f"{p}: neither it nor its folder exists", hint="pass log files or the folders that hold them")
     return Watcher(opts, on_alert, note, stop or Event()).run()
