@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -147,7 +148,10 @@ HEAD_LINES = 4000
 
 
 @lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _detector() -> Engine:
+    """One engine over every format, built once per process: building it compiles every kind's regex, which
+    cost more than detecting a short log's format (a folder of thousands of run logs paid it per file)."""
     return Engine(grammar())
 
 
@@ -856,6 +860,7 @@ def _finish_join(store: Store, ing: Ingestor) -> None:
     else:
         txn = store.transaction()
         txn.meta_updates["join_pending"] = None
+        txn.meta_updates["join_stored"] = True
         txn.commit()
 
 
@@ -892,6 +897,7 @@ def _join_runs(store: Store) -> list[str]:
         txn.write("matches", schema.conform(part, "matches"), run=str(run), name="join")
     notes = list(res.notes)
     joined = res.requests
+    stored = True  # every joined request is stored with what the join found (``replay.tables`` reads them)
     if joined.height:
         con = store.connect(tables=["requests"])
         try:
@@ -901,6 +907,7 @@ def _join_runs(store: Store) -> list[str]:
         have_n = dict(have.iter_rows())
         for (path,), part in joined.group_by("path", maintain_order=True):
             if have_n.get(path) != part.height:  # the join saw only some of this log's requests
+                stored = False
                 notes.append(f"join: {path}: {part.height} of its {have_n.get(path, 0)} requests were joined; its "
                              "requests keep the times they had")
                 continue
@@ -911,6 +918,7 @@ def _join_runs(store: Store) -> list[str]:
                 txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
             _anchor_instances(store, txn, res.matches, path, fid)
     txn.meta_updates["join_pending"] = None
+    txn.meta_updates["join_stored"] = stored
     txn.commit()
     counts = res.counts()
     notes.append(f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "

@@ -114,6 +114,8 @@ REQUESTS = [
     Column("elapsed_end_s", F64, "end, seconds since process start"),
     Column("line_first", I64, "first line of the request (evidence)"),
     Column("line_last", I64, "last line of the request (evidence)"),
+    Column("replay_run", STR, "the replay run the join attributed it to (the attempt it served, else the run whose "
+                              "time window holds it); null without replay records"),
 ]
 
 UNPARSED = [

@@ -411,13 +411,12 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
         extra = pl.DataFrame(out_rows, schema={"_idx": pl.UInt32, "t_start": schema.TS, "t_end": schema.TS,
                                                "replay_run": pl.String, "item": pl.String, "stage": pl.String,
                                                "attempt": pl.Int64, "_cap": pl.Int64})
-        base = req.with_row_index("_idx").drop("t_start", "t_end")
+        base = req.with_row_index("_idx").drop("t_start", "t_end", "replay_run", strict=False)
         joined = _own_cap(base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx"))
-        cols = [c.name for c in schema.REQUESTS] + ["replay_run", "item", "stage", "attempt"]
+        cols = [c.name for c in schema.REQUESTS] + ["item", "stage", "attempt"]
         req_out = joined.select(cols)
     else:
-        req_out = schema.empty("requests").with_columns(
-            pl.lit(None, pl.String).alias("replay_run"), pl.lit(None, pl.String).alias("item"),
+        req_out = schema.empty("requests").with_columns(pl.lit(None, pl.String).alias("item"),
             pl.lit(None, pl.String).alias("stage"), pl.lit(None, pl.Int64).alias("attempt"))
     return JoinResult(matches, req_out, notes)
 
