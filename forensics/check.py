@@ -1,11 +1,13 @@
 """``forensics check``: verify a store and say how to repair it.
 
-Checks that the manifest is readable, that every part it lists exists and has its table's columns,
+Checks that the manifest is readable, that every file it lists (own parts and packs) exists and reads as Parquet,
 that no stray part files lie beside them, and that the counts agree: each file's line accounting sums,
 its unparsed rows match ``files.lines_unparsed``, and each instance's request count matches ``requests``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import polars as pl
 import pyarrow as pa
@@ -13,7 +15,7 @@ import pyarrow.parquet as pq
 
 from forensics import schema
 from forensics.errors import StoreError
-from forensics.store import Store, fetch_pl
+from forensics.store import PACKS_DIR, Store, fetch_pl
 
 # (check, SQL listing the offenders (first column names one), problem, repair, the text when there is none)
 COUNT_CHECKS: list[tuple[str, str, str, str, str]] = [
@@ -35,6 +37,47 @@ COUNT_CHECKS: list[tuple[str, str, str, str, str]] = [
 ]
 
 
+def _stored_files(store: Store) -> dict[str, str]:
+    """Every file the manifest names -> its table: the parts kept in their own file, and the packs."""
+    files: dict[str, str] = {}
+    for table, parts in store.manifest["parts"].items():
+        packed = store.packed(table) if table in schema.TABLES else {}
+        files.update({rel: table for rel in parts if rel not in packed})
+        files.update({pk["path"]: table for pk in store.packs(table)})
+    return files
+
+
+def _check_files(store: Store, ok: Callable[[str, str], None], bad: Callable[[str, str, str], None]) -> None:
+    """Every listed file is present and readable Parquet; nothing unlisted lies beside them."""
+    files = _stored_files(store)
+    missing = 0
+    for rel, table in files.items():
+        path = store.root / rel
+        if not path.exists():
+            missing += 1
+            bad("part present", f"{table}: {rel} is listed but missing",
+                "re-ingest the source files (`forensics ingest PATH`), or delete the store and ingest again")
+            continue
+        if table in schema.TABLES:
+            try:
+                names = set(pq.read_schema(path).names)
+            except (OSError, pa.ArrowException) as exc:  # unreadable parquet
+                bad("part readable", f"{table}: {rel}: {exc}", "delete the store and ingest again")
+                continue
+            if f"/{PACKS_DIR}/" in rel and not {"_part", "run"} <= names:
+                bad("part schema", f"{table}: {rel} is a pack without _part and run columns",
+                    "delete the store and ingest again")
+    if not missing:
+        ok("parts present", f"{len(files)} files listed, all present")
+    strays = [p for p in [*store.root.glob("*/run=*/*"), *store.root.glob(f"*/{PACKS_DIR}/*")]
+              if str(p.relative_to(store.root)) not in files]
+    if strays:
+        bad("stray files", f"{len(strays)} part files not in the manifest (e.g. {strays[0].relative_to(store.root)})",
+            "they are ignored; delete them to save space")
+    else:
+        ok("stray files", "none")
+
+
 def check_store(store: Store) -> pl.DataFrame:
     """One row per check: check, status (ok | problem), detail, repair."""
     rows: list[dict[str, str]] = []
@@ -54,36 +97,7 @@ def check_store(store: Store) -> pl.DataFrame:
             "run `forensics check` again when it has finished")
     for n in notes:
         bad("interrupted commit", n, "nothing to do: it was completed or discarded just now")
-    listed: set[str] = set()
-    missing = 0
-    for table, parts in store.manifest["parts"].items():
-        for rel in parts:
-            listed.add(rel)
-            path = store.root / rel
-            if not path.exists():
-                missing += 1
-                bad("part present", f"{table}: {rel} is listed but missing",
-                    "re-ingest the source files (`forensics ingest PATH`), or delete the store and ingest again")
-                continue
-            if table in schema.TABLES:
-                try:
-                    names = set(pq.read_schema(path).names)
-                except (OSError, pa.ArrowException) as exc:  # unreadable parquet
-                    bad("part readable", f"{table}: {rel}: {exc}", "delete the store and ingest again")
-                    continue
-                need = {c.name for c in schema.TABLES[table]} - {"run"}
-                lacking = sorted(need - names)
-                if lacking and table != "events":
-                    bad("part schema", f"{table}: {rel} lacks {', '.join(lacking)}",
-                        "this store was written by another version: delete it and ingest again")
-    if not missing:
-        ok("parts present", f"{len(listed)} parts listed, all present")
-    strays = [p for p in store.root.glob("*/run=*/*") if str(p.relative_to(store.root)) not in listed]
-    if strays:
-        bad("stray files", f"{len(strays)} part files not in the manifest (e.g. {strays[0].relative_to(store.root)})",
-            "they are ignored; delete them to save space")
-    else:
-        ok("stray files", "none")
+    _check_files(store, ok, bad)
     try:
         con = store.connect(existing_only=True)
     except StoreError as exc:  # a damaged part (listed above): the counts cannot be read

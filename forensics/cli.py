@@ -25,7 +25,8 @@ from forensics.errors import ExitCode, ForensicsError, InternalError, bug_bounda
 from forensics.paths import default_store_path
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
-COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "demo")
+COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
+                   "demo", "watch")
 
 
 def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -78,6 +78,7 @@ class IngestResult:
     errors: list[str] = field(default_factory=list)
     bugs: int = 0  # files not read because of an internal error
     mapping_failed: str = ""  # the --mapping read nothing from any file it names (an error even with --keep-going)
+    compacted: str = ""  # what the compaction that followed this ingest did, when the store had many part files
 
     @property
     def totals(self) -> dict[str, int]:
@@ -775,9 +776,20 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
+        ing.result.compacted = _compact_when_many(store)
         if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
     return ing.result
+
+
+def _compact_when_many(store: Store) -> str:
+    """Pack the store's part files once there are many of them: each ingest adds a few per run, and a store of
+    thousands of runs would open tens of thousands of files per query (``forensics.compact``)."""
+    from forensics import compact
+
+    if compact.own_files(store) <= compact.AUTO_PARTS:
+        return ""
+    return compact.compact_locked(store).line()
 
 
 class FilesNotRead(InputError):
@@ -918,7 +930,7 @@ def _anchor_instances(store: Store, txn: Any, matches: pl.DataFrame, path: str, 
     anchors = anchors.select("instance", start.alias("_anchor"))
     for rel in [p for p in store.parts("instances") if f"/{fid}-" in p]:
         run = unquote(rel.split("/")[1].removeprefix("run="))
-        inst = pl.read_parquet(store.root / rel).join(anchors, on="instance", how="left")
+        inst = store.read_parts("instances", [rel]).join(anchors, on="instance", how="left")
         inst = inst.with_columns(
             pl.coalesce("started_at", "_anchor").alias("started_at"),
             pl.when(pl.col("_anchor").is_not_null() & (pl.col("time_basis") == "elapsed")).then(pl.lit("anchored"))

@@ -44,6 +44,7 @@ from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the s
 from forensics.paths import default_store_path as default_store_path
 
 MANIFEST = "_manifest.json"
+PACKS_DIR = "packs"  # <table>/packs/<pack>.parquet: many parts' rows in one file (``compact``)
 FORMAT_VERSION = 1
 FAULT: Callable[[str], None] | None = None
 
@@ -74,6 +75,9 @@ class Transaction:
     staged: list[tuple[str, str]] = field(default_factory=list)  # (tmp rel path, final rel path)
     removes: dict[str, set[str]] = field(default_factory=dict)
     meta_updates: dict[str, Any] = field(default_factory=dict)
+    packs_add: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # table -> new packs (compaction)
+    packs_drop: dict[str, set[str]] = field(default_factory=dict)  # table -> pack files a new pack replaces
+    freed: set[str] = field(default_factory=set)  # own files of parts the new packs hold: deleted after
     _counter: int = 0
     _writer: ThreadPoolExecutor | None = None
     _pending: list[Future] = field(default_factory=list)
@@ -146,6 +150,7 @@ class Store:
                 raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")
             self._init()
         self._manifest = self._read_manifest()
+        self._names_cache: dict[tuple[str, ...], list[str] | None] = {}
         self.recovered: list[str] = []  # what the last ``lock`` found to finish or discard
 
     # ------------------------------------------------------------------ layout
@@ -172,6 +177,7 @@ class Store:
         for t in schema.TABLES:
             data.setdefault("parts", {}).setdefault(t, [])
         data.setdefault("meta", {})
+        data.setdefault("packs", {})
         return data
 
     @property
@@ -179,7 +185,35 @@ class Store:
         return self._manifest
 
     def parts(self, table: str) -> list[str]:
+        """The table's parts, by name: each is a file of its own, or rows inside a pack (see ``packs``)."""
         return list(self._manifest["parts"].get(table, []))
+
+    def packs(self, table: str) -> list[dict[str, Any]]:
+        """The table's packs: ``{"path": file, "parts": [the parts whose rows it holds]}``.  A pack holds many
+        parts' rows, sorted by run, each row tagged with its part (``_part``) and run; a part dropped after it
+        was packed stays in the file until the next compaction, and the views leave its rows out."""
+        return list(self._manifest.get("packs", {}).get(table, []))
+
+    def packed(self, table: str) -> dict[str, str]:
+        """Part name -> the pack file holding its rows, for the table's packed parts."""
+        return {part: pk["path"] for pk in self.packs(table) for part in pk["parts"]}
+
+    def file_of(self, table: str, rel: str, packed: dict[str, str] | None = None) -> str:
+        """The file a part's rows are in: its own, or its pack."""
+        return (packed if packed is not None else self.packed(table)).get(rel, rel)
+
+    def read_parts(self, table: str, rels: list[str]) -> pl.DataFrame:
+        """The rows of the parts ``rels`` of ``table`` as written (without ``run``), own files or packed."""
+        packed = self.packed(table)
+        frames = [pl.read_parquet(self.root / rel) for rel in rels if rel not in packed]
+        by_pack: dict[str, list[str]] = {}
+        for rel in rels:
+            if rel in packed:
+                by_pack.setdefault(packed[rel], []).append(rel)
+        for pack, mine in by_pack.items():
+            rows = pl.scan_parquet(self.root / pack).filter(pl.col("_part").is_in(mine)).collect()
+            frames.append(rows.drop("_part", "run"))
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
     def meta(self, key: str, default: Any = None) -> Any:
         return self._manifest["meta"].get(key, default)
@@ -202,6 +236,7 @@ class Store:
                 fcntl.flock(fh, fcntl.LOCK_EX)
             self.recovered = self.recover()
             self._manifest = self._read_manifest()
+            self._names_cache = {}
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -212,6 +247,8 @@ class Store:
 
     def _commit(self, txn: Transaction) -> None:
         manifest = json.loads(json.dumps(self._manifest))
+        packed = {t: set(self.packed(t)) for t in manifest.get("packs", {})}
+        own_removed = {rel for t, rels in txn.removes.items() for rel in rels if rel not in packed.get(t, set())}
         for table, rels in txn.removes.items():
             manifest["parts"][table] = [p for p in manifest["parts"].get(table, []) if p not in rels]
         for table, rels in txn.adds.items():
@@ -221,6 +258,7 @@ class Store:
                 manifest["meta"].pop(key, None)
             else:
                 manifest["meta"][key] = value
+        dead_packs = self._update_packs(manifest, txn)
         missing = [tmp for tmp, _ in txn.staged if not (self.root / tmp).exists()]
         if missing:
             raise StoreError(f"commit refused: the staged part {missing[0]} is missing",
@@ -228,7 +266,7 @@ class Store:
         journal = {
             "txn": txn.txn_id,
             "renames": txn.staged,
-            "deletes": sorted({p for rels in txn.removes.values() for p in rels}),
+            "deletes": sorted(own_removed | txn.freed | dead_packs),
             "manifest": manifest,
             "complete": True,
         }
@@ -240,6 +278,25 @@ class Store:
         self._apply(journal)
         (jdir / f"{txn.txn_id}.json").unlink(missing_ok=True)
         self._manifest = manifest
+        self._names_cache = {}
+
+    @staticmethod
+    def _update_packs(manifest: dict[str, Any], txn: Transaction) -> set[str]:
+        """Add the commit's new packs, drop the packs they replace and the packs none of whose parts is left;
+        return the pack files to delete."""
+        packs = manifest.setdefault("packs", {})
+        dead: set[str] = set()
+        for table, paths in txn.packs_drop.items():
+            packs[table] = [pk for pk in packs.get(table, []) if pk["path"] not in paths]
+            dead |= paths
+        for table, entries in txn.packs_add.items():
+            packs.setdefault(table, []).extend(entries)
+        for table in list(packs):
+            live = set(manifest["parts"].get(table, []))
+            keep = [pk for pk in packs[table] if any(p in live for p in pk["parts"])]
+            dead |= {pk["path"] for pk in packs[table] if pk not in keep}
+            packs[table] = keep
+        return dead
 
     def _apply(self, journal: dict[str, Any]) -> None:
         """Rename the staged parts into place, replace the manifest, delete the parts it dropped.
@@ -263,6 +320,8 @@ class Store:
         for i, rel in enumerate(journal["deletes"]):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / rel).unlink()
+            with contextlib.suppress(OSError):  # a run's folder left empty (its parts packed or replaced)
+                (self.root / rel).parent.rmdir()
             _step(f"delete:{i}")
 
     def recover(self) -> list[str]:
@@ -287,7 +346,7 @@ class Store:
                 jpath.unlink(missing_ok=True)
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)
-        for stray in self.root.glob("*/run=*/*.tmp-*"):
+        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*")]:
             stray.unlink(missing_ok=True)
             notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
         for stray in self.root.glob(".*.tmp-*"):
@@ -310,20 +369,24 @@ class Store:
         return con
 
     def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
-        parts = [str(self.root / p) for p in self.parts(table)]
-        missing = [p for p in parts if not Path(p).exists()]
+        packed = self.packed(table)
+        own = [str(self.root / p) for p in self.parts(table) if p not in packed]
+        live = set(self.parts(table))
+        packs = [(str(self.root / pk["path"]), [x for x in pk["parts"] if x not in live]) for pk in self.packs(table)
+                 if any(x in live for x in pk["parts"])]
+        missing = [p for p in [*own, *(path for path, _ in packs)] if not Path(p).exists()]
         if missing and not existing_only:
             raise StoreError(f"{missing[0]} is listed in the store's manifest but missing",
                              hint="run `forensics check` to see how to repair the store")
-        parts = [p for p in parts if p not in missing]
-        if not parts:
+        own = [p for p in own if p not in missing]
+        packs = [(path, dead) for path, dead in packs if path not in missing]
+        if not own and not packs:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
             )
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
             return
-        files = ", ".join("'" + p.replace("'", "''") + "'" for p in parts)
-        source = f"read_parquet([{files}], hive_partitioning = true, union_by_name = true)"
+        source = self._source(own, packs)
         try:
             try:
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {self._columns(table, None)} FROM {source}")
@@ -333,6 +396,24 @@ class Store:
         except duckdb.Error as exc:  # a damaged part: say so, never read it as "no rows"
             raise StoreError(f"cannot read the {table} table: {str(exc).splitlines()[0]}",
                              hint="run `forensics check` to see how to repair the store") from exc
+
+    @staticmethod
+    def _source(own: list[str], packs: list[tuple[str, list[str]]]) -> str:
+        """The FROM of a table's view: its own part files (``run`` from the hive path) and its packs (``run`` a
+        column, rows of parts dropped since packing left out)."""
+
+        def quoted(values: list[str]) -> str:
+            return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+        own_files = f"read_parquet([{quoted(own)}], hive_partitioning = true, union_by_name = true)" if own else ""
+        if not packs:
+            return own_files
+        selects = [f"SELECT * FROM {own_files}"] if own else []
+        for path, dead in packs:  # one select per pack: each has its own dropped parts
+            where = f" WHERE _part NOT IN ({quoted(dead)})" if dead else ""
+            selects.append(f"SELECT * EXCLUDE (_part) FROM read_parquet([{quoted([path])}], "
+                           f"hive_partitioning = false){where}")
+        return "(" + " UNION ALL BY NAME ".join(selects) + ")"
 
     @staticmethod
     def _columns(table: str, have: set[str] | None) -> str:
@@ -354,10 +435,17 @@ class Store:
 
         A part listed in the manifest but missing on disk raises StoreError, as ``connect`` does.
         """
+        key = tuple(tables)
+        if key not in self._names_cache:  # emptied whenever the manifest is read or replaced
+            self._names_cache[key] = self._run_names(tables)
+        return self._names_cache[key]
+
+    def _run_names(self, tables: list[str]) -> list[str] | None:
         names: set[str] = set()
         for table in tables:
+            packed = self.packed(table)
             for rel in self.parts(table):
-                if not (self.root / rel).exists():
+                if not (self.root / self.file_of(table, rel, packed)).exists():
                     raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
                                      hint="run `forensics check` to see how to repair the store")
                 seg = next((s for s in rel.split("/") if s.startswith("run=")), None)

@@ -98,11 +98,18 @@ class _Locations:
         finally:
             con.close()
 
+        self._by_run: dict[str, pl.DataFrame] | None = None
+
     def of(self, keys: pl.DataFrame) -> list[str]:
+        """``path:first-last`` of each request in ``keys`` (run, instance, slot, task), in their order."""
         if keys.height == 0:
             return []
+        if self._by_run is None:  # joined against their own run's requests only: a store holds many runs
+            self._by_run = {k[0]: v for k, v in self.df.partition_by("run", as_dict=True).items()}
+        runs = [r for r in keys["run"].unique().to_list() if r in self._by_run]
+        mine = pl.concat([self._by_run[r] for r in runs]) if runs else self.df.clear()
         got = keys.select("run", "instance", "slot", "task").join(
-            self.df, on=["run", "instance", "slot", "task"], how="left", maintain_order="left")
+            mine, on=["run", "instance", "slot", "task"], how="left", maintain_order="left")
         return [f"{p}:{a}-{b}" if a != b else f"{p}:{a}"
                 for p, a, b in got.select("path", "line_first", "line_last").iter_rows() if p is not None]
 
@@ -222,35 +229,70 @@ def _cap(cap: dict[str, Any] | None, stoppable: int) -> list[Fact]:
     return [Fact("cap", sentence, [], {k: cap[k] for k in ("cap", "capped", "runaways_stopped", "normal_cut")})]
 
 
+@dataclass
+class _Findings:
+    """Every finding of the runs, each split by run once: a run with no finding costs a few lookups."""
+
+    dead: findings.DeadSlotReport
+    runaways: dict[str, pl.DataFrame]
+    over: dict[str, pl.DataFrame]
+    errors: dict[str, pl.DataFrame]
+    items: pl.DataFrame
+    items_by_run: dict[str, pl.DataFrame]
+    caps: dict[str, dict[str, Any]]
+    ends: dict[str, dict[str, Any]]
+    loc: _Locations
+    counts: dict[str, int]
+    slots: dict[str, int]
+    failed: dict[str, int]
+
+
+def _by_run(df: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    return {k[0]: v for k, v in df.partition_by("run", as_dict=True).items()} if df.height else {}
+
+
+def _gather(store: Store, runs: str | list[str] | None, names: list[str]) -> _Findings:
+    loc = _Locations(store, names)
+    per_run = loc.df.group_by("run").agg(pl.len().alias("n"), pl.struct("instance", "slot").n_unique().alias("slots"),
+                                         (pl.col("stop_reason") == "error").sum().alias("failed"))
+    items = findings.missing_items(store, names)
+    return _Findings(
+        dead=findings.dead_slot_report(store, runs),  # type: ignore[arg-type]
+        runaways=_by_run(findings.find_runaways(store, runs)),  # type: ignore[arg-type]
+        over=_by_run(findings.find_prompt_over_context(store, runs)),  # type: ignore[arg-type]
+        errors=_by_run(findings.error_groups(store, names)),  # type: ignore[arg-type]
+        items=items, items_by_run=_by_run(items),
+        caps={r["run"]: r for r in findings.caps_by_run(store, runs).iter_rows(named=True)},
+        ends=_run_ends(store, names), loc=loc,
+        counts=dict(per_run.select("run", "n").iter_rows()), slots=dict(per_run.select("run", "slots").iter_rows()),
+        failed=dict(per_run.select("run", "failed").iter_rows()))
+
+
 def verdict(store: Store, runs: str | list[str] | None = None) -> list[RunVerdict]:
     """One verdict per run (all runs when none are given), from the findings."""
-    dead = findings.dead_slot_report(store, runs)  # type: ignore[arg-type]
     names = runs_mod.resolve(store, runs).runs
-    runaways = findings.find_runaways(store, runs)  # type: ignore[arg-type]
-    over = findings.find_prompt_over_context(store, runs)  # type: ignore[arg-type]
-    errors = findings.error_groups(store, names)  # type: ignore[arg-type]
-    caps = {r["run"]: r for r in findings.caps_by_run(store, runs).iter_rows(named=True)}
-    items = findings.missing_items(store, names)
-    ends = _run_ends(store, names)
-    loc = _Locations(store, names)
-    counts = dict(loc.df.group_by("run").len().iter_rows())
-    failed = dict(loc.df.filter(pl.col("stop_reason") == "error").group_by("run").len().iter_rows())
+    f = _gather(store, runs, names)
+    dead_runs = set(f.dead.slots["run"].to_list())
+    empty = pl.DataFrame()
     out = []
     for run in names:
-        facts = _dead_slots(run, dead, items, loc) + _crashes(run, errors)
-        dead_keys = {(r["instance"], r["slot"], r["task"]) for r in dead.sequence.filter(
-            (pl.col("run") == run) & pl.col("abnormal")).iter_rows(named=True)}
-        facts += _runaways(run, runaways, dead_keys, loc) + _over(run, over)
-        told = {it for f in facts for it in f.fields.get("items_lost", [])}
-        facts += _missing(run, items, told)
-        if failed.get(run) and not any(f.kind in ("dead_slot", "crash") for f in facts):
-            facts.append(Fact("failed", f"{_plural(failed[run], 'request')} failed: see `forensics errors {run}`.",
-                              [], {"failed": failed[run]}))
-        stoppable = runaways.filter(pl.col("run") == run).height
-        facts += _cap(caps.get(run), stoppable) + _ended(ends.get(run))
-        if not facts or all(f.kind == "cap" for f in facts):
-            facts = [_healthy(run, loc.df, counts.get(run, 0))]
-        out.append(RunVerdict(run, counts.get(run, 0), facts))
+        facts = _dead_slots(run, f.dead, f.items, f.loc) if run in dead_runs else []
+        facts += _crashes(run, f.errors[run]) if run in f.errors else []
+        if run in f.runaways:
+            dead_keys = {(r["instance"], r["slot"], r["task"]) for r in f.dead.sequence.filter(
+                (pl.col("run") == run) & pl.col("abnormal")).iter_rows(named=True)} if run in dead_runs else set()
+            facts += _runaways(run, f.runaways[run], dead_keys, f.loc)
+        facts += _over(run, f.over[run]) if run in f.over else []
+        told = {it for fact in facts for it in fact.fields.get("items_lost", [])}
+        facts += _missing(run, f.items_by_run.get(run, empty), told) if run in f.items_by_run else []
+        if f.failed.get(run) and not any(fact.kind in ("dead_slot", "crash") for fact in facts):
+            facts.append(Fact("failed", f"{_plural(f.failed[run], 'request')} failed: see `forensics errors {run}`.",
+                              [], {"failed": f.failed[run]}))
+        stoppable = f.runaways[run].height if run in f.runaways else 0
+        facts += _cap(f.caps.get(run), stoppable) + _ended(f.ends.get(run))
+        if not facts or all(fact.kind == "cap" for fact in facts):
+            facts = [_healthy(f.counts.get(run, 0), f.slots.get(run, 0))]
+        out.append(RunVerdict(run, f.counts.get(run, 0), facts))
     return out
 
 
@@ -273,9 +315,7 @@ def _run_ends(store: Store, runs: list[str]) -> dict[str, dict[str, Any]]:
     return {r["run"]: r for r in df.iter_rows(named=True)}
 
 
-def _healthy(run: str, df: pl.DataFrame, n: int) -> Fact:
-    mine = df.filter(pl.col("run") == run)
-    slots = mine.select("instance", "slot").unique().height
+def _healthy(n: int, slots: int) -> Fact:
     where = f" on {_plural(slots, 'slot')}" if slots else ""
     text = f"{_plural(n, 'request')}{where}, nothing abnormal found." if n else \
         "no server requests in the store for this run (replay records only)."

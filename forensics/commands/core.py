@@ -86,6 +86,8 @@ def _report_ingest(result: Any, verbose: bool, store_dir: Path, seconds: float) 
     click.echo(f"total: files={len(result.files)} ({statuses}) lines={t['lines']} parsed={t['parsed']} "
                f"skipped={t['skipped']} unparsed={t['unparsed']} requests={t['requests']} ({seconds:.1f}s) "
                f"-> {store_dir}", err=True)
+    if result.compacted:
+        click.echo(result.compacted, err=True)
     if result.unknown_shapes and verbose:
         click.echo("most common unknown line shapes:", err=True)
         for shape, n in result.unknown_shapes:
