@@ -57,7 +57,7 @@ def test_every_command_is_documented_and_has_help() -> None:
 def test_every_readme_example_runs_on_the_demo_store(demo: tuple[Path, Any], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """As the README says: after `make demo`, with FORENSICS_STORE=demo-out/store.  `demo` itself is what the
-    session's demo fixture runs; the other examples run on a copy of its folder."""
+    demo fixture runs; the other examples run on a copy of its folder."""
     from forensics.cli import cli
 
     shutil.copytree(demo[0], tmp_path / "demo-out")
