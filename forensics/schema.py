@@ -1,6 +1,6 @@
-"""The store's tables and their columns: the contract every module and the README share.
+"""The store's tables and their columns: the contract every module and the docs share.
 
-Each table is a list of ``Column(name, polars dtype, description)``.  The README's table reference is
+Each table is a list of ``Column(name, polars dtype, description)``.  The table reference (docs/tables.md) is
 checked against this module by a test, so the two cannot drift.  ``events`` also carries one column per
 typed field declared in ``parsers/formats/fields.toml`` (see ``events_columns``).
 """
