@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import re
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -153,6 +154,15 @@ def _detector() -> Engine:
     """One engine over every format, built once per process: building it compiles every kind's regex, which
     cost more than detecting a short log's format (a folder of thousands of run logs paid it per file)."""
     return Engine(grammar())
+
+
+SETTLED_S = 120.0  # a log not written for this long is not being written: its unterminated last line is read
+
+
+def settled(stat: os.stat_result) -> bool:
+    """The file has not been written for a while: a last line without a newline is the end of it (a pasted log,
+    a server killed mid-line), not a line still being written, so it is read, not held back."""
+    return time.time() - stat.st_mtime > SETTLED_S
 
 
 def detect_format(path: Path, head: bytes | None = None) -> str | None:
@@ -298,8 +308,9 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), fmt_name, "unchanged"))
                 done_bytes[0] += stat.st_size
                 return
+            # a last line read without its newline may have been cut: a file that grew after is read whole
             if same_head and grew and compression is None and prev.get("format") == fmt_name \
-                    and prev.get("run") == run:
+                    and prev.get("run") == run and not prev.get("unterminated_tail"):
                 start_offset, start_line, status = prev["bytes_read"], prev["lines_total"], "appended"
                 state_in = prev
             else:
@@ -409,7 +420,7 @@ class Ingestor:
         pool = ThreadPoolExecutor(max_workers=WORKERS)
         pending: list[Any] = []
         chunks = iter_chunks(path, start_offset=start_offset, start_line_no=start_line, state=rstate,
-                             chunk_bytes=reader.CHUNK_BYTES)
+                             chunk_bytes=reader.CHUNK_BYTES, final=compression is not None or settled(stat))
 
         def results() -> Any:
             for chunk in chunks:
@@ -526,6 +537,7 @@ class Ingestor:
                                  "keys": {str(k): vars(v) for k, v in astate.keys.items()},
                                  "wrappers": sorted(wrappers_seen), "tz": self.tz,
                                  "seq": builder.seq, "http_last": builder.http_last, "requests": n_requests,
+                                 "unterminated_tail": rstate.unterminated,
                                  "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()}})
         self.result.files.append(FileReport(
             str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,

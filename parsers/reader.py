@@ -33,7 +33,40 @@ def compression_of(path: Path) -> str | None:
         return "gzip"
     if head.startswith(ZSTD_MAGIC):
         return "zstd"
+    if head[:2] in UTF16_BOMS:  # a log redirected by Windows PowerShell (`>`, Out-File): read as UTF-8
+        return "utf-16"
     return None
+
+
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+class Utf16AsUtf8(io.RawIOBase):
+    """A UTF-16 file (with its byte-order mark) read as UTF-8 bytes, so the rest of the reader sees what a
+    log written on Linux holds; offsets count the UTF-8 bytes, as they count decompressed bytes."""
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        self.text = io.TextIOWrapper(raw, encoding="utf-16", errors="replace", newline="")
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            out, self.buf = self.buf + self.text.read().encode("utf-8"), b""
+            return out
+        while len(self.buf) < size:
+            more = self.text.read(max(size // 2, 4096))
+            if not more:
+                break
+            self.buf += more.encode("utf-8")
+        out, self.buf = self.buf[:size], self.buf[size:]
+        return out
+
+    def close(self) -> None:
+        self.text.close()
+        super().close()
 
 
 class Decompressing(io.RawIOBase):
@@ -105,8 +138,10 @@ def _zstd_errors() -> tuple[type[Exception], ...]:
 
 
 def open_binary(path: Path) -> io.RawIOBase:
-    """Open a file for reading bytes, decompressing gzip and zstd by content."""
+    """Open a file for reading bytes, decompressing gzip and zstd and transcoding UTF-16 by content."""
     kind = compression_of(path)
+    if kind == "utf-16":
+        return Utf16AsUtf8(path.open("rb"))
     if kind is not None:
         return Decompressing(path.open("rb"), kind)
     return path.open("rb")  # type: ignore[return-value]
@@ -143,6 +178,7 @@ class ReadState:
     end_offset: int = 0  # where the next read should start
     held_back_bytes: int = 0  # an incomplete last line not read yet
     line_no: int = 0  # lines read so far (from the start of the file)
+    unterminated: bool = False  # the last line had no newline and was read all the same (``final``)
 
 
 def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
@@ -218,6 +254,7 @@ def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
                 carry = b""
                 if block and final:
                     block += b"\n"
+                    state.unterminated = True
                 elif block:
                     state.held_back_bytes = len(block)
                     break
