@@ -1,7 +1,7 @@
-"""Generate the README's table reference from ``forensics.schema`` (``python -m forensics.docs --write``).
+"""Generate the table reference, docs/tables.md, from ``forensics.schema`` (``python -m forensics.docs --write``).
 
-The README keeps the generated text between ``<!-- tables:start -->`` and ``<!-- tables:end -->``; a test
-fails when it is stale, so the documentation cannot drift from the contract.
+The page keeps the generated text between ``<!-- tables:start -->`` and ``<!-- tables:end -->``; a test fails
+when it is stale, so the documentation cannot drift from the contract.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import polars as pl
 from forensics import schema
 
 START, END = "<!-- tables:start -->", "<!-- tables:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+TABLES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "tables.md"
 
 
 def _type(dtype: pl.DataType) -> str:
@@ -26,25 +26,26 @@ def _type(dtype: pl.DataType) -> str:
 def tables_markdown() -> str:
     out: list[str] = []
     for table, cols in schema.TABLES.items():
-        out += [f"### `{table}`", "", "| column | type | meaning |", "|---|---|---|"]
+        out += [f"## `{table}`", "", "| column | type | meaning |", "|---|---|---|"]
         out += [f"| `{c.name}` | {_type(c.dtype)} | {c.description} |" for c in cols]
         out.append("")
     return "\n".join(out)
 
 
-def updated(readme: str) -> str:
-    head, rest = readme.split(START, 1)
+def updated(page: str) -> str:
+    """``page`` with the text between the markers replaced by the current table reference."""
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{tables_markdown()}\n{END}{tail}"
 
 
 def main() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = TABLES_PAGE.read_text(encoding="utf-8")
     new = updated(text)
     if "--write" in sys.argv:
-        README.write_text(new, encoding="utf-8")
+        TABLES_PAGE.write_text(new, encoding="utf-8")
     elif new != text:
-        print("README table reference is stale: run `python -m forensics.docs --write`", file=sys.stderr)
+        print("docs/tables.md is stale: run `python -m forensics.docs --write`", file=sys.stderr)
         sys.exit(1)
 
 

@@ -6,7 +6,7 @@ table: the requests of the chosen runs, built once per session).  A request's it
 the ``matches`` table when the store has one with rows; otherwise baselines are per run and instance
 instead of per run and stage.
 
-Library only: no click, no altair.  The rules and their defaults are in the README ("Findings").
+Library only: no click, no altair.  The rules and their defaults are in docs/findings.md.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from forensics.store import ArrowStream, Store, fetch_pl
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The rules' knobs (defaults documented in the README, "Findings")."""
+    """The rules' knobs (defaults documented in docs/findings.md)."""
 
     factor: float = 3.0  # runaway: gen_tokens > factor x the group's `quantile` quantile ...
     quantile: float = 0.9

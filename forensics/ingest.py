@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -147,7 +148,10 @@ HEAD_LINES = 4000
 
 
 @lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _detector() -> Engine:
+    """One engine over every format, built once per process: building it compiles every kind's regex, which
+    cost more than detecting a short log's format (a folder of thousands of run logs paid it per file)."""
     return Engine(grammar())
 
 
@@ -817,6 +821,7 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
 
     new = {f.resolve() for f, _ in files}
     runs = {f: run_of(f, ing.run, root) for f, root in files}
+    _forget_moved(ing, files, runs)
     in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
     cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
     wanted = set(runs.values())
@@ -834,6 +839,36 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
         meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
         ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
     return [(f, root) for f, root in files if f not in dups]
+
+
+def _forget_moved(ing: Ingestor, files: list[tuple[Path, Path | None]], runs: dict[Path, str]) -> None:
+    """A stored file whose path is gone, and a newcomer of the same run with its size and first 4 KB, are one
+    file moved (a run folder archived or renamed): its old rows go and it is read from its new place, so that
+    moving a folder never doubles its requests."""
+    gone: dict[tuple[str, int, str], str] = {}
+    for fid, m in ing.files_meta.items():
+        if m.get("format") in ("duplicate", "empty", None) or not m.get("head_sha256"):
+            continue
+        if not Path(str(m.get("path", ""))).exists():
+            gone[(str(m.get("run")), int(m.get("size_bytes") or -1), str(m["head_sha256"]))] = fid
+    if not gone:
+        return
+    moved: list[tuple[str, Path]] = []
+    for f, _ in files:
+        if file_id_of(f) in ing.files_meta:
+            continue
+        key = (runs[f], f.stat().st_size, hashlib.sha256(read_head(f, 4096)).hexdigest())
+        old = gone.pop(key, None)
+        if old is not None:
+            moved.append((str(ing.files_meta[old].get("path")), f))
+            ing._drop_file_parts(old)
+            if str(ing.files_meta[old].get("format", "")).startswith("records"):
+                ing.dropped_records.append(str(ing.files_meta[old].get("path")))
+            del ing.files_meta[old]
+    if moved:
+        n = len(moved)
+        ing.result.warnings.append(f"{n} file{'s were' if n > 1 else ' was'} moved since read (e.g. {moved[0][0]} -> "
+                                   f"{moved[0][1]}): read again from the new place, the old rows replaced")
 
 
 def _stored_path(meta: dict[str, Any]) -> Path | None:
@@ -856,6 +891,7 @@ def _finish_join(store: Store, ing: Ingestor) -> None:
     else:
         txn = store.transaction()
         txn.meta_updates["join_pending"] = None
+        txn.meta_updates["join_stored"] = True
         txn.commit()
 
 
@@ -892,6 +928,7 @@ def _join_runs(store: Store) -> list[str]:
         txn.write("matches", schema.conform(part, "matches"), run=str(run), name="join")
     notes = list(res.notes)
     joined = res.requests
+    stored = True  # every joined request is stored with what the join found (``replay.tables`` reads them)
     if joined.height:
         con = store.connect(tables=["requests"])
         try:
@@ -901,6 +938,7 @@ def _join_runs(store: Store) -> list[str]:
         have_n = dict(have.iter_rows())
         for (path,), part in joined.group_by("path", maintain_order=True):
             if have_n.get(path) != part.height:  # the join saw only some of this log's requests
+                stored = False
                 notes.append(f"join: {path}: {part.height} of its {have_n.get(path, 0)} requests were joined; its "
                              "requests keep the times they had")
                 continue
@@ -911,6 +949,7 @@ def _join_runs(store: Store) -> list[str]:
                 txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
             _anchor_instances(store, txn, res.matches, path, fid)
     txn.meta_updates["join_pending"] = None
+    txn.meta_updates["join_stored"] = stored
     txn.commit()
     counts = res.counts()
     notes.append(f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "

@@ -1,6 +1,6 @@
 """Throughput, latency and concurrency per run, their scaling across runs, and smoke budgets.
 
-Definitions (see the README, "Throughput, latency and concurrency") follow vLLM's ``bench serve``, SGLang's ``bench_serving`` and
+Definitions (see docs/metrics.md) follow vLLM's ``bench serve``, SGLang's ``bench_serving`` and
 llama.cpp's timings where those define the same thing:
 
 * request latency: server side ``total_ms / 1000`` (llama.cpp's prompt + generation time), or client

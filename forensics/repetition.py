@@ -23,7 +23,7 @@ import polars as pl
 
 WORD = re.compile(r"\w+|[^\w\s]")
 
-# Defaults of the degenerate rule (documented in the README, "Findings").
+# Defaults of the degenerate rule (documented in docs/findings.md).
 MIN_REPEATS = 3
 MIN_BLOCK = 1
 MIN_CHARS = 200

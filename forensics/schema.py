@@ -1,6 +1,6 @@
-"""The store's tables and their columns: the contract every module and the README share.
+"""The store's tables and their columns: the contract every module and the docs share.
 
-Each table is a list of ``Column(name, polars dtype, description)``.  The README's table reference is
+Each table is a list of ``Column(name, polars dtype, description)``.  The table reference (docs/tables.md) is
 checked against this module by a test, so the two cannot drift.  ``events`` also carries one column per
 typed field declared in ``parsers/formats/fields.toml`` (see ``events_columns``).
 """
@@ -114,6 +114,8 @@ REQUESTS = [
     Column("elapsed_end_s", F64, "end, seconds since process start"),
     Column("line_first", I64, "first line of the request (evidence)"),
     Column("line_last", I64, "last line of the request (evidence)"),
+    Column("replay_run", STR, "the replay run the join attributed it to (the attempt it served, else the run whose "
+                              "time window holds it); null without replay records"),
 ]
 
 UNPARSED = [

@@ -224,7 +224,7 @@ def summary_line(scores: list[Score]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- documentation
-README = CORPUS.parent.parent / "README.md"
+FORMATS_PAGE = CORPUS.parent.parent / "docs" / "formats.md"  # its "Real logs" section holds the coverage
 MARKS = {"coverage": ("<!-- real-logs:start -->", "<!-- real-logs:end -->"),
          "provenance": ("<!-- provenance:start -->", "<!-- provenance:end -->")}
 
@@ -235,7 +235,7 @@ def _wrappers(sc: Sidecar) -> str:
 
 
 def coverage_markdown(sidecars: list[Sidecar], scores: list[Score]) -> str:
-    """The README's section: what the corpus covers (era x fork x wrapper) and how the tool does on it."""
+    """docs/formats.md's section: what the corpus covers (era x fork x wrapper) and how the tool does on it."""
     rows: dict[tuple[int, str, str], list[int]] = {}
     for sc in sidecars:
         key = (int(sc.source["era"]), str(sc.source["fork"]), _wrappers(sc))
@@ -265,9 +265,9 @@ def updated(text: str, which: str, body: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["write"]:  # regenerate the README section and fixtures/real/README.md's source table
+    if argv[:1] == ["write"]:  # regenerate docs/formats.md's coverage and fixtures/real/README.md's source table
         sidecars = corpus()
-        README.write_text(updated(README.read_text(encoding="utf-8"), "coverage",
+        FORMATS_PAGE.write_text(updated(FORMATS_PAGE.read_text(encoding="utf-8"), "coverage",
                                   coverage_markdown(sidecars, measure())), encoding="utf-8")
         index = CORPUS / "README.md"
         index.write_text(updated(index.read_text(encoding="utf-8"), "provenance", provenance_markdown(sidecars)),

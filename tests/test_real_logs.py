@@ -85,12 +85,12 @@ def test_no_traceback_under_any_forced_format(tmp_path: Path, fmt: str | None) -
 
 
 def test_the_docs_say_what_the_corpus_holds_and_measures(scores: dict[str, real_corpus.Score]) -> None:
-    """The README's coverage table and numbers, and fixtures/real/README.md's source table, are current
+    """docs/formats.md's coverage table and numbers, and fixtures/real/README.md's source table, are current
     (`python -m tests.real_corpus write` regenerates both)."""
     sidecars = real_corpus.corpus()
-    readme = real_corpus.README.read_text(encoding="utf-8")
+    page = real_corpus.FORMATS_PAGE.read_text(encoding="utf-8")
     coverage = real_corpus.coverage_markdown(sidecars, [scores[sc.name] for sc in sidecars])
-    assert real_corpus.updated(readme, "coverage", coverage) == readme
+    assert real_corpus.updated(page, "coverage", coverage) == page
     index = (real_corpus.CORPUS / "README.md").read_text(encoding="utf-8")
     assert real_corpus.updated(index, "provenance", real_corpus.provenance_markdown(sidecars)) == index
 

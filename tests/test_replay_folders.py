@@ -122,21 +122,21 @@ def test_a_harness_never_seen_is_read_by_a_15_line_mapping_in_one_command(tmp_pa
         "TSLA,summarize,timeout,client gave up after 30.0 s (attempts: 1),never reached a slot"]
 
 
-def _readme_blocks(after: str) -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8").split(after, 1)[1]
+def _replay_doc_blocks(after: str) -> list[str]:
+    text = (ROOT / "docs" / "replay.md").read_text(encoding="utf-8").split(after, 1)[1]
     return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith("toml")]
 
 
-def test_the_readme_mapping_examples_are_mappings(tmp_path: Path) -> None:
+def test_the_documented_mapping_examples_are_mappings(tmp_path: Path) -> None:
     from forensics import replay
 
     syntax = tmp_path / "syntax.toml"
-    syntax.write_text(_readme_blocks("#### Syntax")[0])
+    syntax.write_text(_replay_doc_blocks("### Syntax")[0])
     m = replay.load_mapping(syntax)
     assert m.attempts is not None and m.attempts.where == "phase <> 'warmup'" and m.attempts.anchors == ("manifest",)
-    shown = _readme_blocks("#### A harness forensics has never seen")[0]
+    shown = _replay_doc_blocks("### A harness forensics has never seen")[0]
     assert shown == (FIX / "newharness" / "bench.toml").read_text()
-    excerpts = _readme_blocks("#### What the shipped mappings say")[0]
+    excerpts = _replay_doc_blocks("### What the shipped mappings say")[0]
     shipped = "".join(p.read_text() for p in replay.shipped_mappings().values())
     for line in excerpts.splitlines():
         if line and not line.startswith("#"):

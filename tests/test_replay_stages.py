@@ -1,5 +1,5 @@
 """Missing per stage: a stage applies to the items the manifest lists for it, else to the items sent to it at
-least once, unless the manifest says every item goes through every stage (the README's example)."""
+least once, unless the manifest says every item goes through every stage (the example in docs/replay.md)."""
 
 from __future__ import annotations
 

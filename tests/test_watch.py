@@ -143,12 +143,14 @@ def test_every_finding_once_in_order_through_growth_rotation_crash_restart_and_t
         ("runaway", "suspected", "server", 1, 5004),
         ("dead_slot", "suspected", "server", 1, 5004),
         ("runaway", "confirmed", "server", 1, 5004),
-        ("dead_slot", "confirmed", "server", 1, 5004),
+        ("dead_slot", "confirmed", "server", 1, 5002),  # where the finding says slot 1 went bad
         ("crash", "confirmed", "server", None, None),
         ("runaway", "confirmed", "server#2", 0, 7),
         ("runaway", "confirmed", "server", 0, 5000),
     ], (tmp_path / "stderr.txt").read_text()
     assert rc == 0
+    dead = [r["alert"] for r in got if r["alert"]["kind"] == "dead_slot"]
+    assert [(a["first_task"], a["second_task"]) for a in dead] == [(5002, 5004), (5002, 5004)]
     assert len({r["alert"]["id"] for r in got}) == len(got)
     # stdout: the same alerts, one JSON line each
     printed = [json.loads(line) for line in (tmp_path / "stdout.txt").read_text().splitlines()]

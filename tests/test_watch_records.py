@@ -26,9 +26,11 @@ def test_alerts_are_the_findings_with_their_items(tmp_path: Path, scenario: str)
     runaways = findings.find_runaways(store)
     dead = findings.find_dead_slots(store)
     assert (runaways if scenario == "runaway" else dead).height > 0
-    got = sorted((a["kind"], a["run"], a["instance"], a["slot"], a["seq"]) for a in alerts)
-    want = sorted([("runaway", r["run"], r["instance"], r["slot"], r["seq"]) for r in runaways.iter_rows(named=True)]
-                  + [("dead_slot", r["run"], r["instance"], r["slot"], r["seq"]) for r in dead.iter_rows(named=True)])
+    got = sorted((a["kind"], a["run"], a["instance"], a["slot"], a["seq"], a["task"]) for a in alerts)
+    want = sorted([("runaway", r["run"], r["instance"], r["slot"], r["seq"], r["task"])
+                   for r in runaways.iter_rows(named=True)]
+                  + [("dead_slot", r["run"], r["instance"], r["slot"], r["seq"], r["task"])
+                     for r in dead.iter_rows(named=True)])
     assert got == want, notes
     assert all(a["status"] == "confirmed" and a["port"] is not None for a in alerts)
     by_task = {(r["run"], r["instance"], r["slot"], r["task"]): r for r in runaways.iter_rows(named=True)}

@@ -510,16 +510,15 @@ def _run_of_requests(reqs: pl.DataFrame, served: pl.DataFrame, att: pl.DataFrame
 
 def _requests_out(req: pl.DataFrame, reqs: pl.DataFrame, served: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """The requests of the used instances with their times, run and attempt."""
-    cols = [c.name for c in schema.REQUESTS] + ["replay_run", "item", "stage", "attempt"]
+    cols = [c.name for c in schema.REQUESTS] + ["item", "stage", "attempt"]
     if not reqs.height:
-        return schema.empty("requests").with_columns(
-            pl.lit(None, pl.String).alias("replay_run"), pl.lit(None, pl.String).alias("item"),
+        return schema.empty("requests").with_columns(pl.lit(None, pl.String).alias("item"),
             pl.lit(None, pl.String).alias("stage"), pl.lit(None, pl.Int64).alias("attempt"))
     extra = reqs.select("_idx", "t0", "t1").join(runs, on="_idx", how="left") \
         .join(served.select("_idx", "item", "stage", "attempt", pl.col("max_tokens").alias("_cap")), on="_idx", how="left")
     extra = extra.with_columns(_to_datetime(extra["t0"]).alias("t_start"), _to_datetime(extra["t1"]).alias("t_end")) \
         .drop("t0", "t1")
-    base = req.with_row_index("_idx").drop("t_start", "t_end")
+    base = req.with_row_index("_idx").drop("t_start", "t_end", "replay_run", strict=False)
     return _own_cap(base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx")).select(cols)
 
 

@@ -5,7 +5,7 @@ or a DuckDB SQL expression over the record's fields (``{ sql = "..." }``, see ``
 units (s/ms/us/ns durations; epoch, ISO or relative-clock times), maps values, sets constants or
 templated defaults (``{stem}``: the data file's name without extensions), filters records (``where``),
 and names the files each section reads (``files`` globs).  The mapped objects then go through the same
-JSON Schema validation as canonical records.  See the README, "Replay runs".
+JSON Schema validation as canonical records.  See docs/replay.md.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def load_mapping(path: Path | str) -> Mapping:
     attempts = _section(data.get("attempts"), "attempts", ATTEMPT_FIELDS, src)
     if manifest is None and attempts is None:
         raise MappingError("the mapping has neither [manifest] nor [attempts]", path=src,
-                           hint="see the README, section Mapping files, for the format")
+                           hint="see docs/replay.md, section Mapping files, for the format")
     return Mapping(src, str(meta.get("name") or p.stem), fmt, manifest, attempts, meta)
 
 

@@ -12,24 +12,36 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from forensics import schema
 from forensics.sql import load_query
 from forensics.store import fetch_pl
 
 
-def _connect(store: Any) -> tuple[duckdb.DuckDBPyConnection, Any]:
+def _connect(store: Any) -> duckdb.DuckDBPyConnection:
+    """The store's views plus the join's ``replay_matches`` and ``replay_requests``: read from the store when
+    the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
+    now (a store written before the join stored it, or one whose join could not rewrite every log)."""
+    con = store.connect()
+    if store.meta("join_stored") and not store.meta("join_pending"):
+        have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+        for name, table in (("replay_matches", "matches"), ("replay_requests", "requests")):
+            if table in have:
+                con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table}")
+            else:
+                con.register(name, schema.empty(table).to_arrow())
+        return con
     from forensics.replay.join import join_store
 
-    con = store.connect()
     jr = join_store(store)
     con.register("replay_matches", jr.matches.to_arrow())
     con.register("replay_requests", jr.requests.to_arrow())
-    return con, jr
+    return con
 
 
 def runs_table(store: Any) -> pl.DataFrame:
     """One row per replay run: run, alias, np, items_expected, items_done, items_missing, attempts, requests,
     wall_s, ended, from (records, or summary for a run read from a benchmark's summary alone)."""
-    con, _ = _connect(store)
+    con = _connect(store)
     try:
         return fetch_pl(con, load_query("replay_runs").text)
     finally:
@@ -42,7 +54,7 @@ def missing(store: Any, run: str) -> pl.DataFrame:
     from forensics import runs
 
     name = runs.resolve(store, [run], need="records", command="missing").runs[0]
-    con, _ = _connect(store)
+    con = _connect(store)
     try:
         return fetch_pl(con, load_query("missing").text, {"run": name})
     finally:

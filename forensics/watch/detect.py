@@ -287,8 +287,12 @@ def dead_slot_candidates(rep: findings.DeadSlotReport, inst: dict[tuple[str, str
         rng = (a[0], (b or a)[1]) if a else None
         alert = _base("dead_slot", status, irow, run, instance)
         pair = f"tasks {row['task']} and {second['task']}" if second else f"task {row['task']}"
-        alert.update(slot=slot, task=second["task"] if second else row["task"], seq=row["seq"],
-                     item=(seq[0].get("item") if seq else None), stage=(seq[0].get("stage") if seq else None),
+        # task, seq, item and stage name one request: the one still running when suspected, else the first
+        # abnormal one, where the finding says the slot went bad
+        about = second if status == "suspected" and second else (seq[0] if seq else row)
+        alert.update(slot=slot, task=about["task"], seq=about["seq"], first_task=row["task"],
+                     second_task=second["task"] if second else None,
+                     item=about.get("item"), stage=about.get("stage"),
                      why=row["why"],
                      detail=(f"{'suspected ' if status == 'suspected' else ''}dead slot: slot {slot} of {instance} "
                              f"went abnormal twice in a row ({pair}"
