@@ -1,22 +1,22 @@
-"""Where ingest time goes: each stage of the parsing pipeline timed alone, single-threaded.
+"""Where ingest time goes: each stage of the parsing pipeline, one after the other, in CPU seconds.
 
     python benchmarks/stages.py LOG [--chunks 8]
 
-Runs the stages ``forensics ingest`` runs for every chunk of an (uncompressed) log, one after the other on
-the first ``--chunks`` chunks, best of three, and prints milliseconds per chunk, CPU seconds per GB, and the
-fastest ingest the sum allows with every core busy and no overhead.  ``regex field captures`` is the part
-of ``classify`` spent in the kinds' regexes alone (each kind on exactly the lines it claims): the floor of
-extracting fields with regexes, whatever the rest of the pipeline does.
+Runs the stages ``forensics ingest`` runs for every chunk of an (uncompressed) log, one stage at a time on the
+first ``--chunks`` chunks, and prints milliseconds per chunk, CPU seconds per GB (every thread counted: polars
+runs some stages on several), and the fastest ingest the sum allows with every core busy and no overhead.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ import polars as pl  # noqa: E402
 from forensics import schema  # noqa: E402
 from forensics.ingest import Ingestor, detect_format  # noqa: E402
 from parsers import assemble  # noqa: E402
-from parsers.engine import Carry, Engine, _prefix_extract, elapsed_seconds  # noqa: E402
+from parsers.engine import Carry, Engine  # noqa: E402
 from parsers.reader import iter_chunks  # noqa: E402
-from parsers.spec import get_format  # noqa: E402
+from parsers.spec import grammar  # noqa: E402
 
 
 def best_of(fn: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
@@ -42,86 +42,65 @@ def best_of(fn: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
     return best, out
 
 
-def stages(log: Path, n_chunks: int) -> tuple[list[tuple[str, float]], int, int, int]:
-    """(stage, seconds for all chunks) in pipeline order; the chunks' count, bytes and lines."""
-    fmt = get_format(detect_format(log) or "llama-common")
-    engine = Engine(fmt)
-    chunks = []
+def _chunks(log: Path, n_chunks: int) -> list[Any]:
+    out = []
     for i, ch in enumerate(iter_chunks(log)):
-        chunks.append(ch)
+        out.append(ch)
         if i + 1 == n_chunks:
             break
+    return out
+
+
+class _Clock:
+    """CPU seconds (every thread of the process) per stage, summed over the chunks."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        t = time.process_time()
+        out = fn()
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - t
+        return out
+
+
+def stages(log: Path, n_chunks: int) -> tuple[list[tuple[str, float]], int, int, int]:
+    """(stage, CPU seconds for all chunks) in pipeline order; the chunks' count, bytes and lines.  The stages
+    are those ``forensics ingest`` runs per chunk, with the engine it builds for the detected format."""
+    fmt = grammar(detect_format(log) or None)
+    engine = Engine(fmt)
+    chunks = _chunks(log, n_chunks)
     n_bytes = sum(c.end_offset - c.first_offset for c in chunks)
     n_lines = sum(c.n_lines for c in chunks)
-    for c in chunks[:1]:  # warm up: formats loaded, kind order learned
-        engine.learn(engine.classify(c.lines, c.first_line_no, Carry()))
-
-    def read() -> list[pl.Series]:
-        out = []
-        for c in chunks:
-            c._lines = None
-            out.append(c.lines)
-        return out
-
-    rows: list[tuple[str, float]] = []
-    t, lines = best_of(read)
-    rows.append(("read and split lines", t))
-    t, unwrapped = best_of(lambda: [engine.unwrap(s)[0] for s in lines])
-    rows.append(("wrapper scan", t))
-    if fmt.family == "text" and fmt.prefix:
-        t, framed = best_of(lambda: [_prefix_extract(s, fmt.prefix) for s in unwrapped])
-        t2, _ = best_of(lambda: [elapsed_seconds(g["elapsed"]) for g, _ in framed if "elapsed" in g.columns])
-        rows.append(("line prefix (clock, level)", t + t2))
-    t_cls, results = best_of(lambda: [engine.classify(c.lines, c.first_line_no, Carry()) for c in chunks])
-    rows.append(("classify: the rest (kinds, fields, events)", t_cls - sum(x for _, x in rows[1:])))
-
-    # the regex captures alone: each kind's regex on exactly the lines it claimed
-    if fmt.family == "text" and fmt.prefix:
-        bodies = [b for _, b in framed]
-        kinds = [r.events["kind"].cast(pl.String) for r in results]
-        rows_of = [r.events["line_no"] - c.first_line_no for r, c in zip(results, chunks, strict=True)]
-
-        def captures() -> None:
-            for body, kind, idx in zip(bodies, kinds, rows_of, strict=True):
-                for ki, k in enumerate(engine.kinds):
-                    sel = idx.filter(kind == k.name)
-                    if len(sel):
-                        body.gather(sel).str.extract_groups(engine._fast[ki])
-
-        t, _ = best_of(captures)
-        rows.append(("  of which regex field captures", t))
-
-    year = 2026
-    t, evs = best_of(lambda: [assemble.parse_abs_time(r.events, year_hint=year) for r in results])
-    rows.append(("wall-clock times", t))
+    engine.learn(engine.classify(chunks[0].lines, chunks[0].first_line_no, Carry()))  # kinds' order learned
+    for c in chunks:
+        c._lines = None
+    clock = _Clock()
+    state, builder = assemble.AssembleState(), assemble.RequestBuilder()
     ing = Ingestor.__new__(Ingestor)
+    now = datetime.now(timezone.utc)
+    for c in chunks:
+        lines = clock("read and split lines", lambda c=c: c.lines)
+        res = clock("classify (kinds, fields, events)", lambda c=c, lines=lines: engine.classify(
+            lines, c.first_line_no, Carry()))
+        ev = clock("wall-clock times", lambda res=res: assemble.parse_abs_time(res.events, reference=now))
+        ev = clock("instances and running tasks", lambda ev=ev: assemble.running_tasks(
+            assemble.assign_instances(ev, fmt, state), fmt, state))
+        ev = clock("slots of slot-less lines", lambda ev=ev: assemble.inherit_slots(ev, fmt, state))
+        part, http = clock("request pieces", lambda ev=ev: assemble.partial_requests(ev, fmt))
+        clock("instance facts", lambda ev=ev: ing._instance_facts(ev, fmt))
+        final = clock("requests across chunks", lambda c=c, part=part, http=http: builder.add(
+            part, http, c.first_line_no + c.n_lines - 1))
+        clock("encode events as Parquet", lambda ev=ev: _events_parquet(ev))
+        clock("encode requests as Parquet", lambda final=final: schema.conform(final, "requests").write_parquet(
+            io.BytesIO()) if final.height else None)
+    return list(clock.cpu.items()), len(chunks), n_bytes, n_lines
 
-    def assemble_all() -> list[pl.DataFrame]:
-        state = assemble.AssembleState()
-        builder = assemble.RequestBuilder()
-        out = []
-        for ev, c in zip(evs, chunks, strict=True):
-            ev = assemble.assign_instances(ev, fmt, state)
-            ev = assemble.inherit_slots(ev, fmt, state)
-            part, http = assemble.partial_requests(ev)
-            ing._instance_facts(ev)
-            builder.add(part, http, c.first_line_no + c.n_lines - 1)
-            out.append(ev)
-        return out
 
-    t, assembled = best_of(assemble_all)
-    rows.append(("assemble requests and instances", t))
-    with tempfile.TemporaryDirectory() as tmp:
-        def write() -> None:
-            for i, ev in enumerate(assembled):
-                out = schema.conform(ev.with_columns(pl.lit("main").alias("instance"), pl.lit(str(log)).alias("path")),
-                                     "events").drop("run")
-                out.write_parquet(Path(tmp) / f"{i}.parquet", compression="zstd", compression_level=1,
-                                  statistics=False)
-
-        t, _ = best_of(write)
-    rows.append(("encode events as Parquet", t))
-    return rows, len(chunks), n_bytes, n_lines
+def _events_parquet(ev: pl.DataFrame) -> None:
+    e = ev.with_columns(pl.lit("main").alias("instance"), pl.lit("log").alias("path"))
+    e = schema.conform(e.rename({"abs_time": "ts"}) if "abs_time" in e.columns else e, "events")
+    e.write_parquet(io.BytesIO(), compression="lz4", statistics=False)
 
 
 FRAME_RE = (r"^([0-9]+)\.([0-9]{2})\.([0-9]{3})\.([0-9]{3}) ([A-Z]) slot +([a-z_]+): id +([0-9]+) \| "
@@ -154,7 +133,8 @@ def report(rows: list[tuple[str, float]], n_bytes: int, n_lines: int, n_chunks: 
     total = sum(t for name, t in rows if not name.startswith("  "))
     cores = os.cpu_count() or 1
     gb = n_bytes / 1e9
-    out = [f"{n_chunks} chunks, {n_bytes / 1e6:.0f} MB, {n_lines:,} lines, one thread, best of 3", "",
+    out = [f"{n_chunks} chunks, {n_bytes / 1e6:.0f} MB, {n_lines:,} lines, one stage at a time (CPU seconds of "
+           "every thread)", "",
            "| stage | ms per chunk | CPU s per GB | share |", "|---|---:|---:|---:|"]
     for name, t in rows:
         out.append(f"| {name} | {t * 1000 / n_chunks:.1f} | {t / gb:.1f} | {t / total:.0%} |")

@@ -25,7 +25,7 @@ from forensics.store import PACKS_DIR, Store, Transaction
 
 PACK_BYTES = 96 * 1024 * 1024  # input bytes per pack: large enough to be few, small enough to sort in memory
 ROW_GROUP = 100_000  # rows per row group: a run filter skips whole groups of other runs
-STALE = 0.25  # a pack whose dropped parts are at least this share of its parts is rewritten
+STALE = 0.25  # after an ingest, a pack whose dropped parts are at least this share of its parts is rewritten
 AUTO_PARTS = 2000  # an ingest that leaves more own part files than this compacts (``ingest``)
 
 
@@ -55,18 +55,21 @@ def _files(store: Store) -> int:
     return own_files(store) + sum(len(store.packs(t)) for t in schema.TABLES)
 
 
-def compact(store: Store, *, min_parts: int = 2, on_wait: Callable[[], None] | None = None) -> Compacted:
-    """Pack every table's own part files (when it has at least ``min_parts``) and its stale packs."""
+def compact(store: Store, *, min_parts: int = 2, stale: float = 0.0,
+            on_wait: Callable[[], None] | None = None) -> Compacted:
+    """Pack every table's own part files (when it has at least ``min_parts``) and rewrite its packs that hold
+    dropped rows (by default every one: then each pack holds exactly its table's rows, and any Parquet reader
+    can read ``<table>/packs/`` alone once no part is left in its own file)."""
     with store.lock(on_wait=on_wait):
-        return compact_locked(store, min_parts=min_parts)
+        return compact_locked(store, min_parts=min_parts, stale=stale)
 
 
-def compact_locked(store: Store, *, min_parts: int = 2) -> Compacted:
+def compact_locked(store: Store, *, min_parts: int = 2, stale: float = STALE) -> Compacted:
     """``compact`` for a caller that holds the store's lock (an ingest that just committed)."""
     out = Compacted(files_before=_files(store))
     txn = store.transaction()
     for table in schema.TABLES:
-        _compact_table(store, txn, table, min_parts, out)
+        _compact_table(store, txn, table, (min_parts, stale), out)
     if out.parts:
         txn.commit()
     out.files_after = _files(store)
@@ -78,12 +81,13 @@ def _run_of(rel: str) -> str:
     return urllib.parse.unquote(seg[len("run="):])
 
 
-def _compact_table(store: Store, txn: Transaction, table: str, min_parts: int, out: Compacted) -> None:
+def _compact_table(store: Store, txn: Transaction, table: str, limits: tuple[int, float], out: Compacted) -> None:
+    min_parts, share = limits
     live = set(store.parts(table))
     packed = store.packed(table)
     own = [rel for rel in store.parts(table) if rel not in packed]
     stale = [pk for pk in store.packs(table)
-             if sum(p not in live for p in pk["parts"]) >= STALE * len(pk["parts"])]
+             if 0 < sum(p not in live for p in pk["parts"]) >= share * len(pk["parts"])]
     if len(own) < min_parts and not stale:
         return
     stale_live = [p for pk in stale for p in pk["parts"] if p in live]

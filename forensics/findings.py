@@ -12,10 +12,12 @@ Library only: no click, no altair.  The rules and their defaults are in docs/fin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -76,6 +78,11 @@ class _Session:
     con: duckdb.DuckDBPyConnection
     runs: list[str]
     has_matches: bool
+    runaways: dict[Thresholds, pl.DataFrame] = field(default_factory=dict)  # by thresholds, computed once
+
+
+# The session every finding of one verdict shares (``shared_session``): (store root, session).
+_SHARED: contextvars.ContextVar[tuple[Path, _Session] | None] = contextvars.ContextVar("_SHARED", default=None)
 
 
 # The views each kind of session reads (the run list comes from the manifest, see runs.all_runs).
@@ -95,6 +102,10 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
     under deadslots and cap, the baselines and the rows), and a view would scan and join the requests
     again at every reference.
     """
+    shared = _SHARED.get()
+    if shared is not None and shared[0] == store.root and runs_mod.resolve(store, runs).runs == shared[1].runs:
+        yield shared[1]
+        return
     con = store.connect(tables=[*(REQUEST_TABLES if requests else EVENT_TABLES), *tables])
     try:
         # fx_matches: the matches table when it exists and has rows, else an empty relation.  A part is
@@ -126,6 +137,18 @@ def _session(store: Store, runs: str | list[str] | tuple[str, ...] | None, *,
         con.close()
 
 
+@contextlib.contextmanager
+def shared_session(store: Store, runs: list[str]) -> Iterator[None]:
+    """Within it, every finding over exactly ``runs`` shares one session: the request relation, the scored
+    outputs and the runaways are built once, not once per finding (the verdict asks for all of them)."""
+    with _session(store, runs, tables=("items", "attempts", "requests", "instances")) as s:
+        token = _SHARED.set((store.root, s))
+        try:
+            yield
+        finally:
+            _SHARED.reset(token)
+
+
 def _degenerate(con: duckdb.DuckDBPyConnection, has_matches: bool) -> pl.DataFrame:
     """Matched requests whose attempt's output text is degenerate (repetition.py)."""
     empty = pl.DataFrame(schema={**RUNAWAY_KEYS, "degenerate": pl.Boolean})
@@ -153,9 +176,11 @@ def _drop_empty(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
 
 # ---------------------------------------------------------------------------------------- runaways
 def _runaways(s: _Session, th: Thresholds) -> pl.DataFrame:
-    return _run_query(s.con, "runaways", {
-        "factor": th.factor, "quantile": th.quantile, "min_tokens": th.min_tokens,
-        "min_group": th.min_group, "ctx_slack": th.ctx_slack})
+    if th not in s.runaways:
+        s.runaways[th] = _run_query(s.con, "runaways", {
+            "factor": th.factor, "quantile": th.quantile, "min_tokens": th.min_tokens,
+            "min_group": th.min_group, "ctx_slack": th.ctx_slack})
+    return s.runaways[th]
 
 
 RUNAWAY_COLUMNS = ("run", "instance", "slot", "task", "seq", "item", "stage", "gen_tokens", "seconds",
@@ -536,7 +561,11 @@ def error_groups(store: Store, run: str | None = None) -> pl.DataFrame:
         ev = _run_query(s.con, "errors", {"runs": s.runs})
     if ev.height == 0:
         return pl.DataFrame(schema=ERROR_SCHEMA)
-    ev = ev.with_columns(pl.Series("shape", [mask_message(m) for m in ev["message"].to_list()], dtype=pl.String))
+    # each distinct message masked once: a log repeats the same error text thousands of times
+    distinct = ev["message"].drop_nulls().unique()
+    shapes = pl.Series([mask_message(m) for m in distinct.to_list()], dtype=pl.String)
+    ev = ev.with_columns(pl.col("message").replace_strict(distinct, shapes, default=mask_message(None),
+                                                          return_dtype=pl.String).alias("shape"))
     rows = []
     for (run_name, kind, shape), g in ev.group_by(["run", "kind", "shape"], maintain_order=True):
         recs = g.to_dicts()

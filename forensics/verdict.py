@@ -252,6 +252,11 @@ def _by_run(df: pl.DataFrame) -> dict[str, pl.DataFrame]:
 
 
 def _gather(store: Store, runs: str | list[str] | None, names: list[str]) -> _Findings:
+    with findings.shared_session(store, names):  # the request relation and the runaways built once
+        return _gather_shared(store, runs, names)
+
+
+def _gather_shared(store: Store, runs: str | list[str] | None, names: list[str]) -> _Findings:
     loc = _Locations(store, names)
     per_run = loc.df.group_by("run").agg(pl.len().alias("n"), pl.struct("instance", "slot").n_unique().alias("slots"),
                                          (pl.col("stop_reason") == "error").sum().alias("failed"))
