@@ -16,13 +16,16 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from forensics.errors import ExitCode, ForensicsError, InternalError, bug_boundary
 from forensics.paths import default_store_path
+
+T = TypeVar("T")
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
@@ -48,6 +51,17 @@ def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--fail-on", type=click.Choice(["any", "never"]), default="never", show_default=True,
         help="Exit 1 when something is found (any), for smoke tests and CI.",
     )(fn)
+
+
+def typed_options(cls: type[T], opts: dict[str, Any]) -> T:
+    """A command's options as its typed dataclass: click passes them as keyword arguments (so a command
+    with many options keeps a short signature); options shared by several commands (the finding
+    thresholds) go into the dataclass's ``thresholds`` field when it has one."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    known = {k: v for k, v in opts.items() if k in names}
+    if "thresholds" in names:
+        known["thresholds"] = {k: v for k, v in opts.items() if k not in names}
+    return cls(**known)
 
 
 def resolve_store(path: Path | None) -> Path:

@@ -211,7 +211,7 @@ class Progress:
 
 
 class Ingestor:
-    def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,
+    def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,  # noqa: PLR0913
                  progress: Callable[[Progress], None] | None = None, keep_going: bool = False,
                  mapping: Path | str | None = None, tz: str = "UTC") -> None:
         self.store = store
@@ -375,7 +375,7 @@ class Ingestor:
                 self.txn.remove(table, mine)
         return dropped
 
-    def _parse(self, path: Path, fid: str, run: str, fmt: Format, compression: str | None, stat: Any,
+    def _parse(self, path: Path, fid: str, run: str, fmt: Format, compression: str | None, stat: Any,  # noqa: C901, PLR0913, PLR0915
                head_sha: str, start_offset: int, start_line: int, status: str, prev: dict | None,
                total_bytes: int, done_bytes: list[int], dropped: dict[str, list[str]]) -> None:
         from parsers.reader import ReadState
@@ -544,7 +544,7 @@ class Ingestor:
             lines, parsed, sum(skipped.values()), unparsed_n, sum(open_counts.values()) if not compression
             else n_requests))
 
-    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame], fid: str,
+    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame], fid: str,  # noqa: PLR0913
                         path: Path, run: str, fmt: Format, label: str, part_name: str) -> int:
         seen = final.group_by("ikey", "instance_no").agg(pl.len().alias("n"))
         for k, i, n in seen.iter_rows():
@@ -677,7 +677,7 @@ class Ingestor:
             ev = ev.with_columns(pl.lit(None, dtype=pl.String).alias("level"))
         return schema.conform(ev, "events").drop("run")
 
-    def _record_file(self, fid: str, path: Path, run: str, fmt: str, compression: str | None, stat: Any,
+    def _record_file(self, fid: str, path: Path, run: str, fmt: str, compression: str | None, stat: Any,  # noqa: PLR0913
                      head_sha: str, bytes_read: int, held_back: int, skipped: Counter, lines: int, parsed: int,
                      unparsed: int, requests: int, *, state: dict | None) -> None:
         now = datetime.now(timezone.utc)
@@ -724,7 +724,7 @@ def check_tz(tz: str) -> str:
     return tz
 
 
-def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,
+def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,  # noqa: PLR0913, PLR0915
            started_at: datetime | None = None, keep_going: bool = False, mapping: Path | str | None = None,
            tz: str = "UTC",
            progress: Callable[[Progress], None] | None = None, on_wait: Callable[[], None] | None = None,

@@ -91,7 +91,7 @@ def distinct_n(tokens: list[str], n: int) -> float | None:
     return len(set(grams)) / len(grams)
 
 
-def analyze(text: str | None, *, min_repeats: int = MIN_REPEATS, min_block: int = MIN_BLOCK,
+def analyze(text: str | None, *, min_repeats: int = MIN_REPEATS, min_block: int = MIN_BLOCK,  # noqa: PLR0913
             min_chars: int = MIN_CHARS, min_coverage: float = MIN_COVERAGE, min_words: int = MIN_WORDS,
             max_distinct3: float = MAX_DISTINCT3) -> Repetition:
     """The repetition score of one output text (see the module docstring for the rule)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,20 @@ import click
 
 from forensics import cli as cli_mod
 from parsers.spec import ALIASES, format_names  # light: the format names only, no engine
+
+
+@dataclass(frozen=True)
+class IngestArgs:
+    """``forensics ingest``'s options, as click parsed them."""
+
+    run: str | None
+    fmt: str | None
+    started_at: str | None
+    mapping: str | None
+    keep_going: bool
+    tz: str
+    verbose: bool
+    store_path: Path | None
 
 
 @click.command(epilog="""\b
@@ -34,21 +49,22 @@ Examples:
 @click.option("-v", "--verbose", is_flag=True, help="One line per file read (files with something to say are "
                                                     "always listed).")
 @cli_mod.store_option
-def ingest(paths: tuple[Path, ...], run: str | None, fmt: str | None, started_at: str | None,
-           mapping: str | None, keep_going: bool, tz: str, verbose: bool, store_path: Path | None) -> None:
+def ingest(paths: tuple[Path, ...], **opts: Any) -> None:
     """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store: one
     progress bar while it reads, then one summary line."""
     from forensics import ingest as ingest_mod
 
-    store_dir = cli_mod.resolve_store(store_path)
+    a = cli_mod.typed_options(IngestArgs, opts)
+    started_at, verbose = a.started_at, a.verbose
+    store_dir = cli_mod.resolve_store(a.store_path)
     t0 = time.monotonic()
     bar = _Progress(t0)
     failed: ingest_mod.FilesNotRead | None = None
     try:
         result = ingest_mod.ingest(
-            store_dir, list(paths), run=run, fmt=fmt,
+            store_dir, list(paths), run=a.run, fmt=a.fmt,
             started_at=ingest_mod.parse_time(started_at) if started_at else None,
-            keep_going=keep_going, mapping=mapping, tz=tz, progress=bar.update,
+            keep_going=a.keep_going, mapping=a.mapping, tz=a.tz, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
                                        err=True))
     except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,24 @@ from forensics import cli as cli_mod
 from forensics import findings as F
 
 THRESHOLDS = F.Thresholds()
+
+
+@dataclass(frozen=True)
+class CapArgs:
+    """``forensics cap``'s output options; ``thresholds``: the runaway options as given."""
+
+    fail_on: str
+    fmt: str
+    store_path: Path | None
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeadSlotsArgs(CapArgs):
+    """``forensics deadslots``: what to list and how."""
+
+    include_recovered: bool = False
+    explain: bool = False
 
 
 def runaway_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,15 +133,15 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 @click.pass_context
-def deadslots(ctx: click.Context, runs: tuple[str, ...], include_recovered: bool, explain: bool, fail_on: str,
-              fmt: str, store_path: Path | None, **th: float | int | None) -> None:
+def deadslots(ctx: click.Context, runs: tuple[str, ...], **opts: Any) -> None:
     """Slots that went bad: dead from the first of two consecutive abnormal requests (a runaway, an
     abnormally long or slow request, a handful of tokens where normal is hundreds, the same error again)."""
-    store = cli_mod.open_store(store_path)
+    a = cli_mod.typed_options(DeadSlotsArgs, opts)
+    store = cli_mod.open_store(a.store_path)
     rep = F.dead_slot_report(store, asked(store, runs, "requests", "deadslots"),  # type: ignore[arg-type]
-                             include_recovered=include_recovered, **th)
-    _render_dead(rep, explain, fmt)
-    gate(ctx, fail_on, rep.slots.height)
+                             include_recovered=a.include_recovered, **a.thresholds)
+    _render_dead(rep, a.explain, a.fmt)
+    gate(ctx, a.fail_on, rep.slots.height)
 
 
 def _render_dead(rep: Any, explain: bool, fmt: str) -> None:
@@ -159,13 +178,14 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 @click.pass_context
-def cap(ctx: click.Context, runs: tuple[str, ...], margin: float, fail_on: str, fmt: str, store_path: Path | None,
-        **th: float | int | None) -> None:
+def cap(ctx: click.Context, runs: tuple[str, ...], margin: float, **opts: Any) -> None:
     """Recommend an output-token cap (max_tokens / n_predict) and show what candidate caps would do; with
     --fail-on any, exit 1 when a run had runaways and no cap in force."""
     from forensics.render import render
 
-    store = cli_mod.open_store(store_path)
+    a = cli_mod.typed_options(CapArgs, opts)
+    fail_on, fmt, th = a.fail_on, a.fmt, a.thresholds
+    store = cli_mod.open_store(a.store_path)
     names = asked(store, runs, "requests", "cap")
     res = F.recommend_cap(store, names, margin=margin, **th)
     for w in res.warnings:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
+
+from forensics import cli as cli_mod
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """``forensics generate``'s options: the log's format and wrapper, how much to write, the seed."""
+
+    fmt: str
+    wrapper: str
+    n_requests: int | None
+    size: str | None
+    seed: int
 
 
 def register(cli: click.Group) -> None:
@@ -26,14 +41,15 @@ Examples:
                   help="Repeat the scenario's runs until at least N slot requests are written.")
     @click.option("--size", default=None, help="Repeat the scenario's runs until the logs reach this size (e.g. 2GB).")
     @click.option("--seed", type=int, default=0, show_default=True, help="Random seed (same seed, same bytes).")
-    def generate_cmd(out_dir: Path, scenario: str, fmt: str, wrapper: str, n_requests: int | None, size: str | None,
-                     seed: int) -> None:
+    def generate_cmd(out_dir: Path, scenario: str, **opts: Any) -> None:
         """Simulate llama-server instances serving a replay harness and write their logs.
 
         \b
         OUT_DIR/logs/...              server logs, run manifests and attempts (ingest this folder)
         OUT_DIR/truth/requests.jsonl  ground truth: one line per request a slot served
         """
+        a = cli_mod.typed_options(GenerateArgs, opts)
+        fmt, wrapper, n_requests, size, seed = a.fmt, a.wrapper, a.n_requests, a.size, a.seed
         if n_requests is not None and size is not None:
             raise click.UsageError("give --requests or --size, not both")
         size_b = parse_size(size) if size is not None else None

@@ -70,8 +70,8 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 @click.pass_context
-def smoke(ctx: click.Context, runs: tuple[str, ...], max_run: str | None, max_request: str | None,
-          max_p95: str | None, source: str, fmt: str, store_path: Path | None) -> None:
+def smoke(ctx: click.Context, runs: tuple[str, ...], source: str, fmt: str, store_path: Path | None,
+          **budgets: str | None) -> None:
     """Pass or fail each candidate run (all runs when none is named) against time budgets, side by side;
     exit 1 when any fails."""
     from forensics import metrics
@@ -79,10 +79,8 @@ def smoke(ctx: click.Context, runs: tuple[str, ...], max_run: str | None, max_re
     from forensics.render import render
 
     m = metrics.throughput(cli_mod.open_store(store_path), list(runs), source=source)
-    res = metrics.smoke(
-        m, max_run_s=metrics.parse_duration(max_run) if max_run else None,
-        max_request_s=metrics.parse_duration(max_request) if max_request else None,
-        max_p95_s=metrics.parse_duration(max_p95) if max_p95 else None)
+    # --max-run, --max-request, --max-p95: durations as written, in seconds for the library
+    res = metrics.smoke(m, **{f"{name}_s": metrics.parse_duration(v) if v else None for name, v in budgets.items()})
     render(res.table, fmt, sys.stdout)
     failed = res.table.filter(res.table["verdict"] == "FAIL")["run"].to_list()
     click.echo("smoke: " + (f"FAIL ({', '.join(failed)})" if failed else "PASS"), err=True)

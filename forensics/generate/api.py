@@ -188,7 +188,7 @@ def _server_info(spec: Any) -> dict[str, object]:
             "n_ctx": spec.total_ctx, "n_ctx_train": spec.n_ctx_train}
 
 
-def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_off: pl.DataFrame,
+def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_off: pl.DataFrame,  # noqa: PLR0913
            graphs_off: dict[str, int], suffix: str) -> pl.DataFrame:
     if i == 0:
         return df.with_columns(pl.col("run") + suffix) if suffix else df
@@ -206,7 +206,7 @@ def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_of
     return out
 
 
-def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,
+def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,  # noqa: C901, PLR0913, PLR0915
              requests: int | None = None, size: int | str | None = None, first_tile: int = 0) -> GeneratedRun:
     """Simulate ``scenario`` and write its logs, replay records and ground truth under ``out_dir``.
 
@@ -349,7 +349,7 @@ def _finish(lines: pl.DataFrame, era: W.Era, wrapper: str, sc: Scenario, spec: A
 ROUTER_SPAWN_US = 20_110_580
 
 
-def _router(blk: pl.DataFrame, info: dict[str, object], era: W.Era, sc: Scenario, spec: Any, pid: int,
+def _router(blk: pl.DataFrame, info: dict[str, object], era: W.Era, sc: Scenario, spec: Any, pid: int,  # noqa: PLR0913
             head: bool) -> pl.DataFrame:
     r = W.router_lines(blk, info, ROUTER_SPAWN_US)
     r = r.filter(pl.col("k") < -1) if head else r.filter(pl.col("k") >= -1)

@@ -327,7 +327,7 @@ class Simulator:
         return SimResult(self.requests, self.attempts, {n: s.extras for n, s in self.servers.items()},
                          self.runs, self.servers)
 
-    def simulate_run(self, run: Run, t0: int) -> int:
+    def simulate_run(self, run: Run, t0: int) -> int:  # noqa: C901, PLR0915
         rng = self.rng
         f = run.faults
         todo = deque(run.items)

@@ -350,7 +350,7 @@ def extra_lines(era: str, extras: pl.DataFrame, http_path: str) -> list[pl.DataF
 LEVEL_COLOR = {"I": "\x1b[32mI \x1b[0m", "W": "\x1b[35mW ", "E": "\x1b[31mE ", "D": "\x1b[33mD "}
 
 
-def finish_lines(lines: pl.DataFrame, era: Era, wrapper: str, *, launched_at: datetime, hostname: str, pid: int,
+def finish_lines(lines: pl.DataFrame, era: Era, wrapper: str, *, launched_at: datetime, hostname: str, pid: int,  # noqa: PLR0913
                  port: int, ts_shift_us: int = 0) -> pl.DataFrame:
     """Sorted rows → one ``line`` column with the era's prefix and the wrapper applied."""
     lines = lines.sort(["t", "k"])

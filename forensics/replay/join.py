@@ -8,18 +8,21 @@ token counts (``tokens_evaluated`` = ``prompt_tokens``, ``tokens_predicted`` = `
 requests on the slot.  Elapsed-time logs are anchored to wall-clock time by the server's ``launched_at``
 from the manifest, else the instance's known start, else the offset that best aligns the attempts' send
 times with the requests' starts (least median distance).
+
+Every step works on whole tables (polars, numpy): the candidate pairs (attempt, request) come from one
+join per instance, and the greedy choice "each attempt, in order, takes its best request not taken by
+an earlier attempt" is found as the fixed point of a table-wide step (see ``_assign``).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
-import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from forensics import schema
@@ -28,7 +31,12 @@ from forensics.paths import file_stem
 TOLERANCE_S = 1.0  # slack around the attempt's window for request starts (absolute time)
 AMBIGUOUS_S = 0.5  # two candidates whose starts are this close to the send time cannot be told apart
 ALIGN_CANDIDATE_ATTEMPTS = 8
+ALIGN_CHUNK_CELLS = 4_000_000  # offsets x attempts scored at once when aligning (bounds memory)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+NO_END_S = 86400.0  # an attempt without an end time may be served up to a day after its send
+
+InstKey = tuple[str, str]  # (store run partition, instance id)
+KEY = ["krun", "kinst"]  # the instance key's columns in the frames below
 
 
 @dataclass
@@ -44,8 +52,8 @@ class JoinResult:
 
     def counts(self) -> dict[str, int]:
         c = {"matched": 0, "ambiguous": 0, "unmatched": 0}
-        for m in self.matches["match"].to_list():
-            c[m] = c.get(m, 0) + 1
+        for m, n in self.matches.group_by("match", maintain_order=True).len().iter_rows():
+            c[m] = c.get(m, 0) + n
         return c
 
 
@@ -63,6 +71,38 @@ def _dt(s: float | None) -> datetime | None:
     return datetime.fromtimestamp(round(s, 6), tz=timezone.utc)
 
 
+def _divided(expr: pl.Expr, by: float) -> pl.Expr:
+    """``expr / by`` rounded as Python rounds it: polars may multiply by the reciprocal instead, which
+    can miss by one unit in the last place (and move a time by a microsecond)."""
+    def divide(s: pl.Series) -> pl.Series:
+        return pl.Series(s.name, s.cast(pl.Float64).to_numpy() / by, dtype=pl.Float64).fill_nan(None)
+
+    return expr.map_batches(divide, return_dtype=pl.Float64)
+
+
+def _secs_expr(col: str) -> pl.Expr:
+    """``_secs`` on a datetime column: seconds since the epoch (naive times are UTC)."""
+    return _divided(pl.col(col).dt.epoch("us"), 1e6).alias(col)
+
+
+def _round6(x: np.ndarray) -> np.ndarray:
+    """Python's ``round(x, 6)`` (correctly rounded) for an array: split off the whole seconds first, so
+    scaling the fraction to microseconds loses nothing that decides the rounding."""
+    whole = np.floor(x)
+    micros = whole * 1e6 + np.rint((x - whole) * 1e6)
+    return micros / 1e6
+
+
+def _to_datetime(s: pl.Series) -> pl.Series:
+    """``_dt`` on a column of seconds: the nearest microsecond, as a UTC timestamp."""
+    x = s.to_numpy(allow_copy=True).astype(np.float64)
+    valid = ~np.isnan(x)
+    whole = np.floor(np.where(valid, x, 0.0))
+    micros = whole.astype(np.int64) * 1_000_000 + np.rint((np.where(valid, x, 0.0) - whole) * 1e6).astype(np.int64)
+    out = pl.Series(s.name, micros).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    return out.set(pl.Series(~valid), None).cast(schema.TS)
+
+
 def _resolved(p: str | None) -> str | None:
     if not p:
         return None
@@ -70,9 +110,6 @@ def _resolved(p: str | None) -> str | None:
         return str(Path(p).resolve())
     except OSError:
         return p
-
-
-InstKey = tuple[str, str]  # (store run partition, instance id)
 
 
 def _instances_for(run: str, server: str | None, servers: dict[str, dict[str, Any]],
@@ -83,7 +120,7 @@ def _instances_for(run: str, server: str | None, servers: dict[str, dict[str, An
     s = servers.get(server or "") if server is not None else None
     if s is not None:
         log_path, log_file, port = s.get("log_path"), s.get("log_file"), s.get("port")
-        hits = [r for r in inst_rows if log_path and r.get("_resolved", _resolved(r["path"])) == log_path]
+        hits = [r for r in inst_rows if log_path and r["resolved"] == log_path]
         if not hits and log_file:
             base = Path(log_file).name
             hits = [r for r in inst_rows if r["path"] and Path(r["path"]).name == base]
@@ -99,326 +136,412 @@ def _instances_for(run: str, server: str | None, servers: dict[str, dict[str, An
     return [(r["run"], r["instance"]) for r in inst_rows if r["run"] == run]
 
 
-@dataclass
-class _Req:
-    idx: int
-    key: InstKey
-    slot: int | None
-    task: int | None
-    seq: int | None
-    prompt_tokens: int | None
-    gen_tokens: int | None
-    http_status: int | None
-    total_ms: float | None
-    t0: float | None
-    t1: float | None
-    e0: float | None
-    e1: float | None
-    path: str | None
-    used: bool = False
+def _manifest_servers(runs: pl.DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each run's manifest servers by name (a run listed twice: its last row)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run, servers in runs.select("run", "servers").iter_rows() if runs.height else []:
+        try:
+            lst = json.loads(servers) if servers else []
+        except json.JSONDecodeError:
+            lst = []
+        out[run] = {s["name"]: s for s in lst if isinstance(s, dict) and s.get("name")}
+    return out
+
+
+def _attempt_frame(attempts: pl.DataFrame) -> pl.DataFrame:
+    """The attempts with their row number ``_a``, send/end in seconds (``t0``/``t1``) and ``rank``, the
+    order they are matched in: attempts with server-side evidence (slot or tokens) first, then the rest,
+    each in send order."""
+    if not attempts.height:
+        attempts = schema.empty("attempts")
+    att = attempts.with_row_index("_a").with_columns(
+        _secs_expr("started_at").alias("t0"), _secs_expr("ended_at").alias("t1"))
+    weak = ~(pl.col("id_slot").is_not_null() | pl.col("tokens_evaluated").is_not_null())
+    order = att.select("_a", weak.alias("_weak"), pl.col("t0").fill_null(float("inf")).alias("_t")) \
+        .sort("_weak", "_t", "_a").with_row_index("rank").select("_a", "rank")
+    return att.join(order, on="_a").sort("_a")
+
+
+def _run_windows(runs: pl.DataFrame, att: pl.DataFrame) -> pl.DataFrame:
+    """Each run's time window (``lo``, ``hi`` in seconds): the manifest's start and end when it has both,
+    else widened to the attempts' send and end times."""
+    declared = runs.select("run", _secs_expr("started_at").alias("w0"), _secs_expr("ended_at").alias("w1")) \
+        .unique("run", keep="last", maintain_order=True) if runs.height else \
+        pl.DataFrame(schema={"run": pl.String, "w0": pl.Float64, "w1": pl.Float64})
+    seen = att.group_by("run").agg(pl.col("t0").min().alias("a0"),
+                                   pl.max_horizontal(pl.col("t1").max(), pl.col("t0").max()).alias("a1"))
+    w = declared.join(seen, on="run", how="full", coalesce=True)
+    fixed = pl.col("w0").is_not_null() & pl.col("w1").is_not_null()
+    return w.select("run", pl.when(fixed).then("w0").otherwise(pl.min_horizontal("w0", "a0")).alias("lo"),
+                    pl.when(fixed).then("w1").otherwise(pl.max_horizontal("w1", "a1")).alias("hi"))
+
+
+def _attempt_instances(att: pl.DataFrame, inst_rows: list[dict[str, Any]],
+                       servers_by_run: dict[str, dict[str, dict[str, Any]]]) -> tuple[pl.DataFrame, dict[InstKey, float]]:
+    """Which instances each attempt may have reached (``_a``, ``krun``, ``kinst``; an instance listed
+    twice counts twice), resolved once per (run, server); and the manifest's launch time per instance
+    (the first attempt's server that names one wins)."""
+    pairs = att.select("run", "server").unique(maintain_order=True)
+    rows: list[tuple[str, str | None, str, str]] = []
+    launched: dict[InstKey, float] = {}
+    for run, server in pairs.iter_rows():
+        servers = servers_by_run.get(run, {})
+        keys = _instances_for(run, server, servers, inst_rows)
+        rows.extend((run, server, k[0], k[1]) for k in keys)
+        s = servers.get(server or "")
+        if s and s.get("launched_at"):
+            for k in keys:
+                launched.setdefault(k, _secs(datetime.fromisoformat(s["launched_at"].replace("Z", "+00:00"))) or 0.0)
+    by_server = pl.DataFrame(rows, schema={"run": pl.String, "server": pl.String, "krun": pl.String,
+                                           "kinst": pl.String}, orient="row")
+    ak = att.select("_a", "run", "server").join(by_server, on=["run", "server"], nulls_equal=True) \
+        .sort("_a", maintain_order=True).select("_a", "krun", "kinst")
+    return ak, launched
+
+
+def _server_requests(req: pl.DataFrame, used: pl.DataFrame) -> pl.DataFrame:
+    """The requests of the instances some attempt may have reached, times in seconds (``t0``/``t1``,
+    elapsed ``e0``/``e1``)."""
+    r = req.with_row_index("_idx").rename({"run": "krun", "instance": "kinst"})
+    r = r.join(used, on=KEY, how="semi").sort("_idx")
+    return r.select("_idx", *KEY, "slot", "task", "seq", "prompt_tokens", "gen_tokens", "http_status", "total_ms",
+                    _secs_expr("t_start").alias("t0"), _secs_expr("t_end").alias("t1"),
+                    pl.col("elapsed_start_s").alias("e0"), pl.col("elapsed_end_s").alias("e1"), "path")
 
 
 def _align(att_starts: list[float], att_pairs: list[tuple[float, float]], req_starts: list[float]) -> tuple[float, float]:
     """The offset o minimising the median over attempts of min |send - (o + request start)|, and that
     median.  Candidates come from token-identified pairs when there are any, else from the first
-    attempts against every request."""
-    rs = sorted(req_starts)
+    attempts against every request; the first candidate wins ties closer than a nanosecond."""
+    rs = np.sort(np.asarray(req_starts, dtype=np.float64))
     if att_pairs:
-        cands = sorted({round(a - r, 6) for a, r in att_pairs})
+        a, r = np.asarray(att_pairs, dtype=np.float64).T
+        cands = np.unique(_round6(a - r))
     else:
-        first = sorted(att_starts)[:ALIGN_CANDIDATE_ATTEMPTS]
-        cands = sorted({round(a - r, 6) for a in first for r in rs})
-    best, best_cost = cands[0], float("inf")
-    for o in cands:
-        dists = []
-        for a in att_starts:
-            x = a - o
-            i = bisect.bisect_left(rs, x)
-            d = min(abs(x - rs[j]) for j in (i - 1, i) if 0 <= j < len(rs))
-            dists.append(d)
-        cost = statistics.median(dists)
-        if cost < best_cost - 1e-9:
-            best, best_cost = o, cost
-    return best, best_cost
+        first = np.sort(np.asarray(att_starts, dtype=np.float64))[:ALIGN_CANDIDATE_ATTEMPTS]
+        cands = np.unique(_round6((first[:, None] - rs[None, :]).ravel()))
+    starts = np.asarray(att_starts, dtype=np.float64)
+    costs = np.empty(len(cands))
+    step = max(1, ALIGN_CHUNK_CELLS // max(1, len(starts)))
+    for lo in range(0, len(cands), step):  # chunks of candidate offsets, each scored at once
+        x = starts[None, :] - cands[lo:lo + step, None]
+        i = np.searchsorted(rs, x, side="left")
+        left = np.abs(x - rs[np.clip(i - 1, 0, len(rs) - 1)])
+        right = np.abs(x - rs[np.clip(i, 0, len(rs) - 1)])
+        d = np.minimum(np.where(i > 0, left, np.inf), np.where(i < len(rs), right, np.inf))
+        costs[lo:lo + step] = np.median(d, axis=1)
+    best = int(np.argmin(costs))
+    if np.any((costs > costs[best]) & (costs <= costs[best] + 1e-9)):  # near-ties: the first that beats by 1 ns
+        best, best_cost = 0, float("inf")
+        for j, c in enumerate(costs.tolist()):
+            if c < best_cost - 1e-9:
+                best, best_cost = j, c
+    return float(cands[best]), float(costs[best])
 
 
-class _Index:
-    """The requests of one instance, for finding an attempt's candidates without scanning them all."""
+@dataclass
+class _Anchors:
+    """How the elapsed-time instances were put on the wall clock: the offset and match tolerance per
+    instance, and a note for each."""
 
-    def __init__(self, rs: list[_Req]) -> None:
-        self.timed = bool(rs) and all(r.t0 is not None for r in rs)
-        if self.timed:
-            self.by_time = sorted(rs, key=lambda r: (r.t0, r.idx))
-            self.starts = [r.t0 for r in self.by_time]
-        self.by_slot: dict[Any, list[_Req]] = {}
-        for r in sorted(rs, key=lambda r: (r.seq if r.seq is not None else r.idx, r.idx)):
-            self.by_slot.setdefault(r.slot, []).append(r)
-        self.first_unused = dict.fromkeys(self.by_slot, 0)
-        self.all = rs
+    offsets: dict[InstKey, float] = field(default_factory=dict)
+    tolerance: dict[InstKey, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
-def _candidates(index: dict[InstKey, _Index], k: InstKey, a: dict[str, Any], tol: float) -> list[_Req]:
-    """Requests of instance ``k`` that could have served attempt ``a`` (a superset; the caller filters)."""
-    ix = index.get(k)
-    if ix is None:
-        return []
-    if ix.timed and a["_t0"] is not None:
-        hi = (a["_t1"] if a["_t1"] is not None else a["_t0"] + 86400.0) + tol
-        lo_i = bisect.bisect_left(ix.starts, a["_t0"] - tol)
-        hi_i = bisect.bisect_right(ix.starts, hi)
-        return ix.by_time[lo_i:hi_i]
-    if ix.timed:
-        return ix.all
-    # order logs: on each slot, the unused requests in order (skipping the used prefix)
-    slots = [a["id_slot"]] if a["id_slot"] is not None and a["id_slot"] in ix.by_slot else list(ix.by_slot)
-    out: list[_Req] = []
-    for sl in slots:
-        lst = ix.by_slot[sl]
-        j = ix.first_unused[sl]
-        while j < len(lst) and lst[j].used:
-            j += 1
-        ix.first_unused[sl] = j
-        out.extend(lst[j:])
-    return out
+def _anchor_offset(key: InstKey, rs: pl.DataFrame, inst_row: dict[str, Any], launched: dict[InstKey, float],
+                   mine: pl.DataFrame, anchors: _Anchors) -> tuple[float, str] | None:
+    """The wall-clock offset of one elapsed-time instance and how it was found (None: nothing to anchor by)."""
+    if key in launched:
+        return launched[key], "the manifest's launched_at"
+    if inst_row.get("started_at") is not None and inst_row.get("time_basis") == "elapsed":
+        return _secs(inst_row["started_at"]) or 0.0, "the instance's start time"
+    mine = mine.filter(pl.col("t0").is_not_null())
+    if not mine.height:
+        anchors.notes.append(f"{key[1]}: elapsed times but no attempts with send times to anchor them")
+        return None
+    by_tokens = rs.filter(pl.col("e0").is_not_null() & pl.col("prompt_tokens").is_not_null()
+                          & pl.col("gen_tokens").is_not_null())
+    pairs = mine.filter(pl.col("tokens_evaluated").is_not_null() & pl.col("tokens_predicted").is_not_null()) \
+        .join(by_tokens, left_on=["tokens_evaluated", "tokens_predicted"], right_on=["prompt_tokens", "gen_tokens"]) \
+        .filter(pl.col("id_slot").is_null() | (pl.col("id_slot") == pl.col("slot")))
+    off, cost = _align(mine["t0"].to_list(), list(zip(pairs["t0"].to_list(), pairs["e0"].to_list(), strict=True)),
+                       rs["e0"].drop_nulls().to_list())
+    anchors.tolerance[key] = max(TOLERANCE_S, 2 * cost)
+    return off, f"aligning attempts with requests (median distance {cost:.3f} s)"
+
+
+def _anchor(reqs: pl.DataFrame, inst_by_key: dict[InstKey, dict[str, Any]], launched: dict[InstKey, float],
+            att: pl.DataFrame, ak: pl.DataFrame) -> tuple[pl.DataFrame, _Anchors]:
+    """Give the requests of elapsed-time instances wall-clock times (``t0``/``t1``); one pass per
+    instance, each a column operation."""
+    anchors = _Anchors()
+    used = sorted(set(ak.select(KEY).iter_rows()))
+    per_key = {k: g for k, g in reqs.partition_by(KEY, as_dict=True, maintain_order=True).items()}
+    for k in used:
+        rs = per_key.get(k)
+        if rs is None or rs["t0"].null_count() == 0 or rs["e0"].null_count() == rs.height:
+            continue  # nothing to anchor: absolute times, or none at all (order)
+        mine = att.join(ak.filter((pl.col("krun") == k[0]) & (pl.col("kinst") == k[1])).select("_a").unique(),
+                        on="_a", how="semi")
+        found = _anchor_offset(k, rs, inst_by_key.get(k) or {}, launched, mine, anchors)
+        if found is None:
+            continue
+        off, how = found
+        anchors.offsets[k] = off
+        anchors.notes.append(f"{k[1]}: elapsed times anchored at {_dt(off).isoformat().replace('+00:00', 'Z')} by {how}")
+    if not anchors.offsets:
+        return reqs, anchors
+    off = pl.DataFrame([(k[0], k[1], o) for k, o in anchors.offsets.items()],
+                       schema={"krun": pl.String, "kinst": pl.String, "_off": pl.Float64}, orient="row")
+    reqs = reqs.join(off, on=KEY, how="left").sort("_idx").with_columns(
+        pl.coalesce("t0", pl.col("_off") + pl.col("e0")).alias("t0"),
+        pl.coalesce("t1", pl.col("_off") + pl.col("e1")).alias("t1")).drop("_off")
+    return reqs, anchors
+
+
+def _ranged_pairs(left: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFrame:
+    """(``_k``, ``_idx``) for attempts with a send time on instances whose requests all have a start:
+    the requests starting in the attempt's window, found by binary search on the sorted starts."""
+    out = [pl.DataFrame(schema={"_k": pl.UInt32, "_idx": pl.UInt32})]
+    sent = left.filter(pl.col("timed") & pl.col("a_t0").is_not_null())
+    by_key = reqs.partition_by(KEY, as_dict=True)
+    for k, mine in sent.partition_by(KEY, as_dict=True, maintain_order=True).items():
+        rs = by_key[k].sort("t0", "_idx")
+        starts = rs["t0"].to_numpy()
+        lo_i = np.searchsorted(starts, (mine["a_t0"] - mine["_tol"]).to_numpy(), side="left")
+        hi_i = np.searchsorted(starts, mine["a_hi"].to_numpy(), side="right")
+        n = np.maximum(hi_i - lo_i, 0)
+        pos = np.repeat(lo_i, n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+        out.append(pl.DataFrame({"_k": np.repeat(mine["_k"].to_numpy(), n), "_idx": rs["_idx"].to_numpy()[pos]},
+                                schema={"_k": pl.UInt32, "_idx": pl.UInt32}))
+    return pl.concat(out)
+
+
+def _pairs(att: pl.DataFrame, ak: pl.DataFrame, reqs: pl.DataFrame,
+           tolerance: dict[InstKey, float]) -> pl.DataFrame:
+    """Every (attempt, request) that could have served it, with its evidence and score (a smaller
+    score is a better candidate)."""
+    per_key = reqs.group_by(KEY).agg(pl.col("t0").is_not_null().all().alias("timed"),
+                                     pl.col("slot").unique().alias("_slots"))
+    tol = pl.DataFrame([(k[0], k[1], t) for k, t in tolerance.items()],
+                       schema={"krun": pl.String, "kinst": pl.String, "_tol": pl.Float64}, orient="row")
+    a_cols = ["_a", "rank", "id_slot", "tokens_evaluated", "tokens_predicted", pl.col("http_status").alias("a_http"),
+              pl.col("t0").alias("a_t0"), pl.col("t1").alias("a_t1")]
+    # one row per (attempt, instance it names): an instance listed twice gives its candidates twice
+    left = ak.with_row_index("_k").join(att.select(a_cols), on="_a").join(per_key, on=KEY) \
+        .join(tol, on=KEY, how="left").with_columns(pl.col("_tol").fill_null(TOLERANCE_S))
+    left = left.with_columns(
+        (pl.coalesce("a_t1", pl.col("a_t0") + NO_END_S) + pl.col("_tol")).alias("a_hi"),
+        # on an instance without times, a known slot picks that slot's requests only (not those without one)
+        (~pl.col("timed") & pl.col("id_slot").is_not_null() & pl.col("_slots").list.contains(pl.col("id_slot")))
+        .fill_null(False).alias("own_slot")).drop("_slots")
+    ranged = _ranged_pairs(left, reqs).join(left, on="_k").join(reqs.drop(KEY), on="_idx")
+    rest = left.filter(~(pl.col("timed") & pl.col("a_t0").is_not_null()))
+    on_slot = rest.filter("own_slot").join(reqs, left_on=[*KEY, "id_slot"], right_on=[*KEY, "slot"]) \
+        .with_columns(pl.col("id_slot").alias("slot"))
+    any_slot = rest.filter(~pl.col("own_slot")).join(reqs, on=KEY)
+    return _evidence(pl.concat([ranged, on_slot, any_slot], how="diagonal"))
+
+
+def _evidence(p: pl.DataFrame) -> pl.DataFrame:
+    """Drop the pairs whose slot, tokens, status or time contradict; name the evidence of the rest."""
+    def both(a: str, b: str) -> pl.Expr:
+        return pl.col(a).is_not_null() & pl.col(b).is_not_null()
+
+    ok = (~both("id_slot", "slot") | (pl.col("id_slot") == pl.col("slot"))) \
+        & (~both("tokens_evaluated", "prompt_tokens") | (pl.col("tokens_evaluated") == pl.col("prompt_tokens"))) \
+        & (~both("tokens_predicted", "gen_tokens") | (pl.col("tokens_predicted") == pl.col("gen_tokens"))) \
+        & (~both("a_http", "http_status") | (pl.col("a_http") == pl.col("http_status"))) \
+        & (~both("t0", "a_t0") | ((pl.col("a_t0") - pl.col("_tol") <= pl.col("t0")) & (pl.col("t0") <= pl.col("a_hi"))))
+    p = p.filter(ok.fill_null(True))
+    ev_slot, ev_time = both("id_slot", "slot"), both("t0", "a_t0")
+    ev_tokens = both("tokens_evaluated", "prompt_tokens") | both("tokens_predicted", "gen_tokens")
+    ev_status = both("a_http", "http_status")
+    ev = pl.concat_str([pl.when(ev_slot).then(pl.lit("slot+")).otherwise(pl.lit("")),
+                        pl.when(ev_tokens).then(pl.lit("tokens+")).otherwise(pl.lit("")),
+                        pl.when(ev_status).then(pl.lit("status+")).otherwise(pl.lit("")),
+                        pl.when(ev_time).then(pl.lit("time")).otherwise(pl.lit("order"))])
+    score = pl.when(ev_time).then((pl.col("t0") - pl.col("a_t0")).abs()) \
+        .otherwise(pl.coalesce(pl.col("seq"), pl.col("_idx").cast(pl.Int64)).cast(pl.Float64))
+    return p.with_columns(ev.alias("ev"), score.alias("score"), ev_slot.alias("ev_slot"),
+                          ev_tokens.alias("ev_tokens"), ev_status.alias("ev_status"), ev_time.alias("ev_time")) \
+        .select("_a", "rank", "_idx", *KEY, "path", "slot", "task", "seq", "ev", "score",
+                "ev_slot", "ev_tokens", "ev_status", "ev_time").sort("rank", "score", "_idx", maintain_order=True)
+
+
+def _choose(avail: pl.DataFrame) -> pl.DataFrame:
+    """Each attempt's pick among its available candidates (sorted best first): the best one, matched
+    unless the next one is as good (same evidence, and a start as close in time, or no slot to order by)."""
+    g = avail.with_columns(pl.int_range(pl.len()).over("_a").alias("_pos"), pl.len().over("_a").alias("_n"))
+    flags = ["ev_slot", "ev_tokens", "ev_status", "ev_time"]
+    second = g.filter(pl.col("_pos") == 1).select("_a", pl.col("score").alias("s_score"),
+                                                  *[pl.col(f).alias(f"s_{f}") for f in flags])
+    b = g.filter(pl.col("_pos") == 0).join(second, on="_a", how="left")
+    lacks = pl.any_horizontal(*[pl.col(f) & ~pl.col(f"s_{f}") for f in flags], ~pl.col("ev_time") & pl.col("s_ev_time"))
+    close = pl.when(pl.col("ev_time")).then((pl.col("s_score") - pl.col("score")) < AMBIGUOUS_S) \
+        .otherwise(~pl.col("ev_slot"))
+    ambiguous = (pl.col("_n") > 1) & ~lacks.fill_null(False) & close
+    return b.with_columns(
+        pl.when(ambiguous).then(pl.lit("ambiguous")).otherwise(pl.lit("matched")).alias("match"),
+        pl.when(ambiguous).then(pl.format("{} candidates ({})", "_n", "ev")).otherwise("ev").alias("reason"))
+
+
+def _guess(live: pl.DataFrame, picks: pl.DataFrame) -> pl.DataFrame:
+    """A guess of who takes what (``_idx``, ``rank``): of the attempts that matched in the last step,
+    those whose best candidate is the same take, in rank order, their first, second, ... candidate (the
+    n-th attempt on a slot of a log without times takes the n-th request on it)."""
+    matched = picks.filter(pl.col("match") == "matched").select("_a")
+    pos = live.join(matched, on="_a", how="semi").with_columns(pl.int_range(pl.len()).over("_a").alias("_pos"))
+    best = pos.filter(pl.col("_pos") == 0).select("_a", "rank", "_idx")
+    nth = best.sort("rank").with_columns(pl.int_range(pl.len()).over("_idx").alias("_pos")).select("_a", "_pos")
+    return pos.join(nth, on=["_a", "_pos"]).select("_idx", "rank")
+
+
+def _step(live: pl.DataFrame, guess: pl.DataFrame) -> pl.DataFrame:
+    """Every attempt's pick when the requests the guess gives to an earlier attempt are taken."""
+    taken = guess.group_by("_idx").agg(pl.col("rank").min().alias("_by"))
+    avail = live.join(taken, on="_idx", how="left") \
+        .filter(pl.col("_by").is_null() | (pl.col("_by") >= pl.col("rank"))) \
+        .drop("_by").sort("rank", "score", "_idx", maintain_order=True)
+    return _choose(avail)
+
+
+def _assign(pairs: pl.DataFrame) -> pl.DataFrame:
+    """The attempts' picks when each, in rank order, takes its best request that no earlier attempt took.
+
+    An attempt's pick depends only on what earlier attempts took.  So from any guess of who took what,
+    one step (every attempt picks under the guess) is exact up to and including the first attempt whose
+    pick differs from the guess: those picks are final, the rest start again from a new guess.  A guess
+    that reproduces itself is the answer; a good guess settles a run in a step or two."""
+    final = []
+    live = pairs
+    guess = _guess(live, _step(live, pairs.select("_idx", "rank").clear()))
+    while True:
+        picks = _step(live, guess)
+        mine = picks.filter(pl.col("match") == "matched").select("_a", pl.col("_idx").alias("_mine"))
+        said = guess.join(live.select("_a", "rank", "_idx"), on=["rank", "_idx"]).select("_a", pl.col("_idx").alias("_said"))
+        differ = live.select("_a", "rank").unique().join(mine, on="_a", how="left").join(said, on="_a", how="left") \
+            .filter(pl.col("_mine").ne_missing(pl.col("_said")))
+        if not differ.height:
+            return pl.concat([*final, picks])
+        upto = differ["rank"].min()
+        final.append(picks.filter(pl.col("rank") <= upto))
+        gone = final[-1].filter(pl.col("match") == "matched").select("_idx")
+        live = live.filter(pl.col("rank") > upto).join(gone, on="_idx", how="anti").sort("rank", "score", "_idx")
+        guess = _guess(live, picks)
+
+
+def _unmatched_reason() -> pl.Expr:
+    st = pl.col("http_status")
+    return pl.when(st.is_not_null() & (st >= 400)).then(pl.lit("rejected_before_slot")) \
+        .when(pl.col("outcome") == "timeout").then(pl.lit("client_timeout")) \
+        .when(pl.col("outcome") == "cancelled").then(pl.lit("client_cancelled")) \
+        .otherwise(pl.lit("no_slot_request"))
+
+
+def _matches(att: pl.DataFrame, ak: pl.DataFrame, picks: pl.DataFrame, offsets: dict[InstKey, float]) -> pl.DataFrame:
+    """The ``matches`` table: one row per attempt, in the attempts' order."""
+    if not att.height:
+        return schema.empty("matches")
+    off = pl.DataFrame([(k[0], k[1], o) for k, o in offsets.items()],
+                       schema={"krun": pl.String, "kinst": pl.String, "offset_s": pl.Float64}, orient="row")
+    got = picks.join(off, on=KEY, how="left").select("_a", pl.col("kinst").alias("instance"), "path", "slot", "task",
+                                                       "seq", "offset_s", "match", "reason")
+    m = att.select("_a", "run", "item", "stage", "attempt", "http_status", "outcome") \
+        .join(got, on="_a", how="left").join(ak.select("_a").unique().with_columns(pl.lit(True).alias("_keyed")),
+                                             on="_a", how="left").sort("_a")
+    m = m.with_columns(
+        pl.coalesce("match", pl.lit("unmatched")).alias("match"),
+        pl.when(pl.col("match").is_not_null()).then("reason")
+        .when(pl.col("_keyed").is_null()).then(pl.lit("no_instance")).otherwise(_unmatched_reason()).alias("reason"))
+    return schema.conform(m, "matches")
+
+
+def _order_times(reqs: pl.DataFrame, served: pl.DataFrame) -> tuple[pl.DataFrame, list[InstKey]]:
+    """Times for the requests of instances with no time on the lines: a request an attempt was matched
+    to starts at the attempt's send; along each slot, the others start when the previous one ended
+    (forwards), else end when the next one started (backwards).  Returns the instances that got times."""
+    untimed = reqs.group_by(KEY).agg(pl.col("t0").is_null().all().alias("_untimed"))
+    r = reqs.join(untimed, on=KEY).join(served.select("_idx", "a_t0", "a_t1"), on="_idx", how="left")
+    from_attempt = pl.col("_untimed") & pl.col("a_t0").is_not_null()
+    r = r.with_columns(
+        pl.when(from_attempt).then("a_t0").otherwise("t0").alias("t0"),
+        pl.when(from_attempt).then(pl.when(pl.col("total_ms").is_not_null())
+                                   .then(pl.col("a_t0") + _divided(pl.col("total_ms"), 1000.0)).otherwise("a_t1"))
+        .otherwise("t1").alias("t1"),
+        _divided(pl.col("total_ms").fill_null(0.0), 1000.0).alias("_d"),
+        pl.coalesce(pl.col("seq"), pl.col("_idx").cast(pl.Int64)).alias("_ord"))
+    slot = [*KEY, "slot"]
+    # forwards: a run of unknown starts after a request with an end continues from that end
+    r = r.sort(*slot, "_ord", "_idx", nulls_last=False).with_columns(
+        pl.col("t0").is_not_null().cum_sum().over(slot).alias("_seg"))
+    seg = [*slot, "_seg"]
+    cum = pl.when(pl.col("t0").is_not_null()).then("t1").otherwise("_d").cum_sum().over(seg)
+    fill = pl.col("_untimed") & pl.col("t0").is_null() & (pl.col("_seg") > 0) & pl.col("t1").first().over(seg).is_not_null()
+    r = r.with_columns(_cum=cum).with_columns(
+        pl.when(fill).then(pl.col("_cum").shift(1).over(seg)).otherwise("t0").alias("t0"),
+        pl.when(fill).then("_cum").otherwise("t1").alias("t1"))
+    # backwards: a run of unknown starts before a known start ends where the next one starts
+    r = r.sort(*slot, "_ord", "_idx", descending=[False, False, False, True, True], nulls_last=False).with_columns(
+        pl.col("t0").is_not_null().cum_sum().over(slot).alias("_seg"))
+    cum = pl.when(pl.col("t0").is_not_null()).then("t0").otherwise(-pl.col("_d")).cum_sum().over(seg)
+    fill = pl.col("_untimed") & pl.col("t0").is_null() & (pl.col("_seg") > 0)
+    r = r.with_columns(_cum=cum).with_columns(
+        pl.when(fill).then("_cum").otherwise("t0").alias("t0"),
+        pl.when(fill).then(pl.col("_cum").shift(1).over(seg)).otherwise("t1").alias("t1"))
+    got = r.filter(pl.col("_untimed") & pl.col("t0").is_not_null()).select(KEY).unique()
+    return r.sort("_idx").select(reqs.columns), sorted(got.iter_rows())
+
+
+def _run_of_requests(reqs: pl.DataFrame, served: pl.DataFrame, att: pl.DataFrame, ak: pl.DataFrame,
+                     windows: pl.DataFrame) -> pl.DataFrame:
+    """``replay_run`` of each request: its attempt's run; else the first (by name) of the runs that used
+    its instance whose window holds its start; else, without a start, the only run that used it."""
+    runs_of_key = ak.join(att.select("_a", "run"), on="_a").select(*KEY, "run").unique()
+    free = reqs.join(served, on="_idx", how="anti")
+    by_window = free.filter(pl.col("t0").is_not_null()).join(runs_of_key, on=KEY).join(windows, on="run") \
+        .filter((pl.col("lo") - TOLERANCE_S <= pl.col("t0")) & (pl.col("t0") <= pl.col("hi") + TOLERANCE_S)) \
+        .group_by("_idx").agg(pl.col("run").min())
+    only = runs_of_key.group_by(KEY).agg(pl.col("run").first(), pl.len().alias("_n")).filter(pl.col("_n") == 1)
+    by_only = free.filter(pl.col("t0").is_null()).join(only.drop("_n"), on=KEY).select("_idx", "run")
+    return pl.concat([served.select("_idx", "run"), by_window, by_only]).rename({"run": "replay_run"})
+
+
+def _requests_out(req: pl.DataFrame, reqs: pl.DataFrame, served: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """The requests of the used instances with their times, run and attempt."""
+    cols = [c.name for c in schema.REQUESTS] + ["item", "stage", "attempt"]
+    if not reqs.height:
+        return schema.empty("requests").with_columns(pl.lit(None, pl.String).alias("item"),
+            pl.lit(None, pl.String).alias("stage"), pl.lit(None, pl.Int64).alias("attempt"))
+    extra = reqs.select("_idx", "t0", "t1").join(runs, on="_idx", how="left") \
+        .join(served.select("_idx", "item", "stage", "attempt", pl.col("max_tokens").alias("_cap")), on="_idx", how="left")
+    extra = extra.with_columns(_to_datetime(extra["t0"]).alias("t_start"), _to_datetime(extra["t1"]).alias("t_end")) \
+        .drop("t0", "t1")
+    base = req.with_row_index("_idx").drop("t_start", "t_end", "replay_run", strict=False)
+    return _own_cap(base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx")).select(cols)
 
 
 def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
          attempts: pl.DataFrame) -> JoinResult:
     """Match attempts to server requests (see the module docstring)."""
-    notes: list[str] = []
     req = schema.conform(requests, "requests") if requests.height else schema.empty("requests")
     inst = schema.conform(instances, "instances") if instances.height else schema.empty("instances")
-    inst_rows = list(inst.iter_rows(named=True))
-    inst_by_key = {(r["run"], r["instance"]): r for r in inst_rows}
-    servers_by_run: dict[str, dict[str, dict[str, Any]]] = {}
-    windows: dict[str, tuple[float | None, float | None]] = {}
-    for r in runs.iter_rows(named=True) if runs.height else []:
-        try:
-            lst = json.loads(r["servers"]) if r["servers"] else []
-        except json.JSONDecodeError:
-            lst = []
-        servers_by_run[r["run"]] = {s["name"]: s for s in lst if isinstance(s, dict) and s.get("name")}
-        windows[r["run"]] = (_secs(r["started_at"]), _secs(r["ended_at"]))
-    att_rows = list(attempts.iter_rows(named=True)) if attempts.height else []
-    fixed = {r for r, w in windows.items() if w[0] is not None and w[1] is not None}
-    for a in att_rows:
-        a["_t0"], a["_t1"] = _secs(a["started_at"]), _secs(a["ended_at"])
-        if a["run"] in fixed:
-            continue
-        w = windows.get(a["run"], (None, None))
-        lo = min((x for x in (w[0], a["_t0"]) if x is not None), default=None)
-        hi = max((x for x in (w[1], a["_t1"], a["_t0"]) if x is not None), default=None)
-        windows[a["run"]] = (lo, hi)
-    # which instances each attempt may have reached, and the anchor of each instance
-    att_keys: list[list[InstKey]] = []
-    launched: dict[InstKey, float] = {}
-    for r in inst_rows:  # resolve each log path once, not once per attempt
-        r["_resolved"] = _resolved(r["path"])
-    key_cache: dict[tuple[str, str | None], list[InstKey]] = {}
-    for a in att_rows:
-        servers = servers_by_run.get(a["run"], {})
-        ck = (a["run"], a["server"])
-        if ck not in key_cache:
-            key_cache[ck] = _instances_for(a["run"], a["server"], servers, inst_rows)
-        keys = key_cache[ck]
-        att_keys.append(keys)
-        s = servers.get(a["server"] or "")
-        if s and s.get("launched_at"):
-            for k in keys:
-                launched.setdefault(k, _secs(datetime.fromisoformat(s["launched_at"].replace("Z", "+00:00"))) or 0.0)
-    used_keys = sorted({k for ks in att_keys for k in ks})
-    req_rows = list(req.with_row_index("_idx").iter_rows(named=True))
-    reqs_by_key: dict[InstKey, list[_Req]] = {}
-    for r in req_rows:
-        k = (r["run"], r["instance"])
-        if k not in used_keys:
-            continue
-        reqs_by_key.setdefault(k, []).append(_Req(
-            r["_idx"], k, r["slot"], r["task"], r["seq"], r["prompt_tokens"], r["gen_tokens"], r["http_status"], r["total_ms"],
-            _secs(r["t_start"]), _secs(r["t_end"]), r["elapsed_start_s"], r["elapsed_end_s"], r["path"]))
-    offsets: dict[InstKey, float] = {}
-    tolerance: dict[InstKey, float] = {}
-    for k in used_keys:
-        rs = reqs_by_key.get(k, [])
-        basis = (inst_by_key.get(k) or {}).get("time_basis")
-        if not rs or all(r.t0 is not None for r in rs):
-            continue
-        if all(r.e0 is None for r in rs):
-            continue  # order: no time on the lines
-        if k in launched:
-            off, how = launched[k], "the manifest's launched_at"
-        elif (inst_by_key.get(k) or {}).get("started_at") is not None and basis == "elapsed":
-            off, how = _secs(inst_by_key[k]["started_at"]) or 0.0, "the instance's start time"
-        else:
-            mine = [a for a, ks in zip(att_rows, att_keys, strict=True) if k in ks and a["_t0"] is not None]
-            starts = [a["_t0"] for a in mine]
-            if not starts:
-                notes.append(f"{k[1]}: elapsed times but no attempts with send times to anchor them")
-                continue
-            by_tokens: dict[tuple[int, int], list[_Req]] = {}
-            for r in rs:
-                if r.e0 is not None and r.prompt_tokens is not None and r.gen_tokens is not None:
-                    by_tokens.setdefault((r.prompt_tokens, r.gen_tokens), []).append(r)
-            pairs = [(a["_t0"], r.e0) for a in mine
-                     if a["tokens_evaluated"] is not None and a["tokens_predicted"] is not None
-                     for r in by_tokens.get((a["tokens_evaluated"], a["tokens_predicted"]), ())
-                     if a["id_slot"] is None or a["id_slot"] == r.slot]
-            off, cost = _align(starts, pairs, [r.e0 for r in rs if r.e0 is not None])
-            tolerance[k] = max(TOLERANCE_S, 2 * cost)
-            how = f"aligning attempts with requests (median distance {cost:.3f} s)"
-        offsets[k] = off
-        notes.append(f"{k[1]}: elapsed times anchored at {_dt(off).isoformat().replace('+00:00', 'Z')} by {how}")
-        for r in rs:
-            if r.t0 is None and r.e0 is not None:
-                r.t0 = off + r.e0
-            if r.t1 is None and r.e1 is not None:
-                r.t1 = off + r.e1
-
-    index = {k: _Index(reqs_by_key.get(k, [])) for k in used_keys}
-    # match: attempts with server-side evidence (slot or tokens) first, then the rest, each in send order
-    order = sorted(range(len(att_rows)), key=lambda i: (
-        not (att_rows[i]["id_slot"] is not None or att_rows[i]["tokens_evaluated"] is not None),
-        att_rows[i]["_t0"] if att_rows[i]["_t0"] is not None else float("inf"), i))
-    results: dict[int, dict[str, Any]] = {}
-    assigned: dict[int, dict[str, Any]] = {}  # request idx -> attempt row
-    for i in order:
-        a, keys = att_rows[i], att_keys[i]
-        res = {"run": a["run"], "item": a["item"], "stage": a["stage"], "attempt": a["attempt"]}
-        if not keys:
-            results[i] = {**res, "match": "unmatched", "reason": "no_instance"}
-            continue
-        cands: list[tuple[float, _Req, str]] = []
-        for k in keys:
-            for r in _candidates(index, k, a, tolerance.get(k, TOLERANCE_S)):
-                if r.used:
-                    continue
-                ev = []
-                if a["id_slot"] is not None and r.slot is not None:
-                    if a["id_slot"] != r.slot:
-                        continue
-                    ev.append("slot")
-                if a["tokens_evaluated"] is not None and r.prompt_tokens is not None:
-                    if a["tokens_evaluated"] != r.prompt_tokens:
-                        continue
-                    ev.append("tokens")
-                if a["tokens_predicted"] is not None and r.gen_tokens is not None:
-                    if a["tokens_predicted"] != r.gen_tokens:
-                        continue
-                    if "tokens" not in ev:
-                        ev.append("tokens")
-                if a["http_status"] is not None and r.http_status is not None:
-                    if a["http_status"] != r.http_status:
-                        continue
-                    ev.append("status")
-                if r.t0 is not None and a["_t0"] is not None:
-                    tol = tolerance.get(k, TOLERANCE_S)
-                    hi = (a["_t1"] if a["_t1"] is not None else a["_t0"] + 86400.0) + tol
-                    if not (a["_t0"] - tol <= r.t0 <= hi):
-                        continue
-                    ev.append("time")
-                    score = abs(r.t0 - a["_t0"])
-                else:
-                    ev.append("order")
-                    score = float(r.seq if r.seq is not None else r.idx)
-                cands.append((score, r, "+".join(ev)))
-        if not cands:
-            st = a["http_status"]
-            if st is not None and st >= 400:
-                reason = "rejected_before_slot"
-            elif a["outcome"] == "timeout":
-                reason = "client_timeout"
-            elif a["outcome"] == "cancelled":
-                reason = "client_cancelled"
-            else:
-                reason = "no_slot_request"
-            results[i] = {**res, "match": "unmatched", "reason": reason}
-            continue
-        cands.sort(key=lambda c: (c[0], c[1].idx))
-        best = cands[0]
-        ambiguous = False
-        if len(cands) > 1:
-            second = cands[1]
-            if set(best[2].split("+")) - set(second[2].split("+")):
-                ambiguous = False  # the best has evidence the next one lacks (status, tokens, slot)
-            elif "time" in best[2]:
-                ambiguous = (second[0] - best[0]) < AMBIGUOUS_S
-            else:
-                # order on a slot decides when the slot is known; otherwise several requests fit
-                ambiguous = "slot" not in best[2]
-        r = best[1]
-        out = {**res, "instance": r.key[1], "path": r.path, "slot": r.slot, "task": r.task, "seq": r.seq,
-               "offset_s": offsets.get(r.key)}
-        if ambiguous:
-            results[i] = {**out, "match": "ambiguous", "reason": f"{len(cands)} candidates ({best[2]})"}
-            continue
-        r.used = True
-        assigned[r.idx] = a
-        results[i] = {**out, "match": "matched", "reason": best[2]}
-
-    # order logs: times from the attempts that the requests served, then along each slot
-    for k in used_keys:
-        rs = reqs_by_key.get(k, [])
-        if not rs or any(r.t0 is not None for r in rs):
-            continue
-        for r in rs:
-            a = assigned.get(r.idx)
-            if a is not None and a["_t0"] is not None:
-                r.t0 = a["_t0"]
-                r.t1 = r.t0 + r.total_ms / 1000.0 if r.total_ms is not None else a["_t1"]
-        by_slot: dict[Any, list[_Req]] = {}
-        for r in rs:
-            by_slot.setdefault(r.slot, []).append(r)
-        for lst in by_slot.values():
-            lst.sort(key=lambda r: (r.seq if r.seq is not None else r.idx))
-            for j, r in enumerate(lst):  # forwards: start when the previous request on the slot ended
-                if r.t0 is None and j > 0 and lst[j - 1].t1 is not None:
-                    r.t0 = lst[j - 1].t1
-                    r.t1 = r.t0 + (r.total_ms or 0.0) / 1000.0
-            for j in range(len(lst) - 1, -1, -1):  # backwards: end when the next one started
-                r = lst[j]
-                if r.t0 is None and j + 1 < len(lst) and lst[j + 1].t0 is not None:
-                    r.t1 = lst[j + 1].t0
-                    r.t0 = r.t1 - (r.total_ms or 0.0) / 1000.0
-        if any(r.t0 is not None for r in rs):
-            notes.append(f"{k[1]}: no time on the lines; request times estimated from the attempts they served "
-                         "and the order on each slot")
-
-    match_rows = [results[i] for i in range(len(att_rows))]
-    matches = schema.conform(pl.DataFrame(match_rows, infer_schema_length=None), "matches") if match_rows \
-        else schema.empty("matches")
-    # requests of the used instances, with times and the run each belongs to
-    out_rows = []
-    runs_of_key: dict[InstKey, set[str]] = {}
-    for a, ks in zip(att_rows, att_keys, strict=True):
-        for k in ks:
-            runs_of_key.setdefault(k, set()).add(a["run"])
-    for k in used_keys:
-        for r in reqs_by_key.get(k, []):
-            a = assigned.get(r.idx)
-            run = a["run"] if a is not None else None
-            if run is None and r.t0 is not None:
-                for cand in sorted(runs_of_key.get(k, ())):
-                    lo, hi = windows.get(cand, (None, None))
-                    if lo is not None and hi is not None and lo - TOLERANCE_S <= r.t0 <= hi + TOLERANCE_S:
-                        run = cand
-                        break
-            if run is None and len(runs_of_key.get(k, ())) == 1 and r.t0 is None:
-                run = next(iter(runs_of_key[k]))
-            out_rows.append({"_idx": r.idx, "t_start": _dt(r.t0), "t_end": _dt(r.t1), "replay_run": run,
-                             "item": a["item"] if a else None, "stage": a["stage"] if a else None,
-                             "attempt": a["attempt"] if a else None, "_cap": a["max_tokens"] if a else None})
-    if out_rows:
-        extra = pl.DataFrame(out_rows, schema={"_idx": pl.UInt32, "t_start": schema.TS, "t_end": schema.TS,
-                                               "replay_run": pl.String, "item": pl.String, "stage": pl.String,
-                                               "attempt": pl.Int64, "_cap": pl.Int64})
-        base = req.with_row_index("_idx").drop("t_start", "t_end", "replay_run", strict=False)
-        joined = _own_cap(base.join(extra, on="_idx", how="inner").sort("_idx").drop("_idx"))
-        cols = [c.name for c in schema.REQUESTS] + ["item", "stage", "attempt"]
-        req_out = joined.select(cols)
-    else:
-        req_out = schema.empty("requests").with_columns(pl.lit(None, pl.String).alias("item"),
-            pl.lit(None, pl.String).alias("stage"), pl.lit(None, pl.Int64).alias("attempt"))
-    return JoinResult(matches, req_out, notes)
+    inst_rows = [{**r, "resolved": _resolved(r["path"])} for r in inst.iter_rows(named=True)]
+    att = _attempt_frame(attempts)
+    windows = _run_windows(runs, att)
+    ak, launched = _attempt_instances(att, inst_rows, _manifest_servers(runs))
+    reqs = _server_requests(req, ak.select(KEY).unique())
+    reqs, anchors = _anchor(reqs, {(r["run"], r["instance"]): r for r in inst_rows}, launched, att, ak)
+    picks = _assign(_pairs(att, ak, reqs, anchors.tolerance))
+    served = picks.filter(pl.col("match") == "matched").select("_idx", "_a") \
+        .join(att.select("_a", "run", "item", "stage", "attempt", "max_tokens", pl.col("t0").alias("a_t0"),
+                         pl.col("t1").alias("a_t1")), on="_a")
+    reqs, estimated = _order_times(reqs, served)
+    notes = anchors.notes + [f"{k[1]}: no time on the lines; request times estimated from the attempts they served "
+                             "and the order on each slot" for k in estimated]
+    run_of = _run_of_requests(reqs, served, att, ak, windows)
+    return JoinResult(_matches(att, ak, picks, anchors.offsets), _requests_out(req, reqs, served, run_of), notes)
 
 
 def _own_cap(req: pl.DataFrame) -> pl.DataFrame:
