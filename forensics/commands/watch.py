@@ -61,7 +61,11 @@ def _options(a: WatchArgs) -> Any:
         events=not a.no_events, tz=a.tz, mapping=a.mapping, once=a.once)
 
 
-@click.command()
+@click.command(epilog="""\b
+Examples:
+  forensics watch /var/log/llama/main.log --on-dead-slot 'systemctl restart llama-main'
+  forensics watch runs/ --webhook https://hooks.example.com/llama --server http://127.0.0.1:8080
+""")
 @click.argument("paths", nargs=-1, required=True)  # plain text: the library says what is wrong with a path
 @click.option("--run", default=None, help="Run name for these files (default: the folder each file sits in).")
 @click.option("--on-dead-slot", "on_dead_slot", metavar="CMD", help="Shell command run for each dead-slot alert.")
