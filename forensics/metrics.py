@@ -20,7 +20,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -28,17 +27,11 @@ import polars as pl
 
 from forensics import runs as runs_mod
 from forensics.errors import InputError, QueryError
+from forensics.sql import load_query
 from forensics.store import Store, fetch_pl
 from forensics.vocab import SOURCES
 
-QUERIES = Path(__file__).resolve().parent / "queries"
 KNEE_GAIN = 0.10  # the knee: first step where throughput grows less than 10 % per extra slot
-
-
-@cache
-def load_query(name: str) -> str:
-    """The text of ``forensics/queries/<name>.sql``."""
-    return (QUERIES / f"{name}.sql").read_text(encoding="utf-8")
 
 
 # The views the throughput path reads, and the tables whose rows make a run known to it.
@@ -74,7 +67,7 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
     con, own = _con(store, THROUGHPUT_TABLES)
     try:
         names = runs_mod.resolve(store if own else con, runs).runs
-        return fetch_pl(con, load_query("request_intervals"), {"runs": names, "source": source})
+        return fetch_pl(con, load_query("request_intervals").text, {"runs": names, "source": source})
     finally:
         if own:
             con.close()
@@ -83,11 +76,11 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
 @cache
 def _throughput_sql() -> str:
     """throughput.sql with request_intervals.sql as its first CTE (parameters $runs, $source)."""
-    text = load_query("throughput")
+    text = load_query("throughput").text
     head = "WITH per_run AS ("
     if text.count(head) != 1:
         raise QueryError("throughput.sql does not start its CTEs with per_run", hint="reinstall the package")
-    intervals = load_query("request_intervals").rstrip()
+    intervals = load_query("request_intervals").text.rstrip()
     order = "ORDER BY run, instance, slot, start_s, seq"  # the rows' order: the aggregates do not need it
     if intervals.endswith(order):
         intervals = intervals[: -len(order)]
@@ -104,7 +97,7 @@ def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None 
         if intervals is not None:
             con.register("request_intervals", intervals.to_arrow())
             try:
-                return fetch_pl(con, load_query("throughput"))
+                return fetch_pl(con, load_query("throughput").text)
             finally:
                 con.unregister("request_intervals")
         # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows
