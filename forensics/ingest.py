@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -44,6 +44,9 @@ from parsers import assemble, reader
 from parsers.engine import Carry, Engine
 from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, grammar, load_formats
+
+if TYPE_CHECKING:
+    from forensics.replay.mapping import Mapping
 
 SKIP_NAMES = {".DS_Store"}
 # Found in a folder and not a log or record by content: a run folder's notes, configs, scripts and pictures,
@@ -86,6 +89,96 @@ class IngestResult:
     def totals(self) -> dict[str, int]:
         keys = ("lines", "parsed", "skipped", "unparsed", "requests")
         return {k: sum(getattr(f, k) for f in self.files) for k in keys}
+
+
+@dataclass
+class ParseState:
+    """Where parsing a log stopped, so that the next ingest of the grown file continues it: the last line's
+    kind, each instance's assembly state, the request numbering, the wrappers seen, the requests counted."""
+
+    last_kind: str | None = None
+    keys: dict[int, assemble.KeyState] = field(default_factory=dict)
+    wrappers: set[str] = field(default_factory=set)
+    tz: str = "UTC"
+    seq: dict[str, int] = field(default_factory=dict)
+    http_last: dict[str, int] = field(default_factory=dict)
+    requests: int = 0
+    unterminated_tail: bool = False  # the last line was read without its newline: a grown file is read anew
+    req_counts: Counter[tuple[int, int]] = field(default_factory=Counter)  # requests per (ikey, instance_no)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_kind": self.last_kind, "keys": {str(k): vars(v) for k, v in self.keys.items()},
+                "wrappers": sorted(self.wrappers), "tz": self.tz, "seq": self.seq, "http_last": self.http_last,
+                "requests": self.requests, "unterminated_tail": self.unterminated_tail,
+                "req_counts": {f"{k[0]}/{k[1]}": v for k, v in self.req_counts.items()}}
+
+    @classmethod
+    def from_json(cls, meta: dict[str, Any]) -> ParseState:
+        known = assemble.KeyState.__dataclass_fields__
+        keys = {int(k): assemble.KeyState(**{f: x for f, x in v.items() if f in known})
+                for k, v in (meta.get("keys") or {}).items()}
+        counts = Counter({(int(k.split("/")[0]), int(k.split("/")[1])): v
+                          for k, v in (meta.get("req_counts") or {}).items()})
+        return cls(last_kind=meta.get("last_kind"), keys=keys, wrappers=set(meta.get("wrappers") or []),
+                   tz=meta.get("tz", "UTC"), seq=dict(meta.get("seq") or {}), http_last=dict(meta.get("http_last") or {}),
+                   requests=meta.get("requests", 0), unterminated_tail=bool(meta.get("unterminated_tail")),
+                   req_counts=counts)
+
+
+@dataclass
+class FileState:
+    """What the store remembers of one file it read, kept as JSON in the manifest's ``files`` entry: the files
+    table's row (without the time it was read), where parsing a log stopped (``parse``), and the mapping that
+    read a records file.  Keys it does not know are ignored, so the entries of older stores load."""
+
+    path: str = ""
+    file_id: str = ""
+    run: str | None = None
+    format: str | None = None
+    compression: str | None = None
+    size_bytes: int | None = None
+    bytes_read: int = 0
+    held_back_bytes: int = 0
+    lines_total: int = 0
+    lines_parsed: int = 0
+    lines_skipped: int = 0
+    lines_unparsed: int = 0
+    skipped_by_kind: str = "{}"  # JSON object: skipped line counts by kind
+    head_sha256: str | None = None  # of the file's first 4 KiB
+    mtime: float | None = None
+    parse: ParseState | None = None
+    mapping: str | None = None
+
+    @classmethod
+    def found(cls, path: Path, fid: str, run: str, stat: os.stat_result, head_sha: str) -> FileState:
+        """The file as it is now, nothing read yet."""
+        return cls(path=str(path), file_id=fid, run=run, compression=compression_of(path), size_bytes=stat.st_size,
+                   head_sha256=head_sha, mtime=stat.st_mtime)
+
+    def row(self) -> dict[str, Any]:
+        """The files table's columns, in its order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _FILE_ROW}
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.row()
+        if self.parse is not None:
+            out.update(self.parse.to_json())
+        if self.mapping:
+            out["mapping"] = self.mapping
+        return out
+
+    @classmethod
+    def from_json(cls, meta: dict[str, Any]) -> FileState:
+        parse = ParseState.from_json(meta) if _PARSE_KEYS & meta.keys() else None
+        return cls(**{k: v for k, v in meta.items() if k in _FILE_ROW}, parse=parse, mapping=meta.get("mapping"))
+
+    @property
+    def tz(self) -> str:
+        return self.parse.tz if self.parse is not None else "UTC"
+
+
+_FILE_ROW = {f.name for f in dataclasses.fields(FileState)} - {"parse", "mapping"}
+_PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
 
 
 def file_id_of(path: Path) -> str:
@@ -210,29 +303,44 @@ class Progress:
     requests: int = 0
 
 
+@dataclass(frozen=True)
+class IngestOptions:
+    """How an ingest reads its files (``forensics ingest`` options)."""
+
+    run: str | None = None  # --run: every file's run, else the folder each sits in
+    fmt: str | None = None  # --format: the log format, else detected per file
+    started_at: datetime | None = None  # --started-at: the wall-clock start of logs that count elapsed time
+    keep_going: bool = False  # --keep-going: a file that cannot be read does not fail the others
+    mapping: Path | str | None = None  # --mapping: how to read a harness's own records
+    tz: str = "UTC"  # --tz: the zone of log times written without one
+
+
 class Ingestor:
-    def __init__(self, store: Store, *, run: str | None, fmt: str | None, started_at: datetime | None,  # noqa: PLR0913
-                 progress: Callable[[Progress], None] | None = None, keep_going: bool = False,
-                 mapping: Path | str | None = None, tz: str = "UTC") -> None:
+    def __init__(self, store: Store, options: IngestOptions, progress: Callable[[Progress], None] | None = None) -> None:
         self.store = store
-        self.run = run
-        self.forced = grammar(fmt) if fmt else None
-        self.started_at = started_at
+        self.run = options.run
+        self.forced = grammar(options.fmt) if options.fmt else None
+        self.started_at = options.started_at
         self.progress = progress
         self.at = Progress()
         self._engines: dict[str, Engine] = {}
-        self.keep_going = keep_going
-        self.mapping = mapping
-        self.tz = check_tz(tz)
+        self.keep_going = options.keep_going
+        self.mapping = options.mapping
+        self.tz = check_tz(options.tz)
         self.result = IngestResult()
         self.unknown = Counter[str]()
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
-        self.loaded_mapping: Any = None  # the --mapping, loaded (its files globs decide what it reads)
+        self.loaded_mapping: Mapping | None = None  # the --mapping, loaded (its files globs decide what it reads)
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
         self.at_line: int | None = None  # first line of the chunk being assembled (for an error message)
+        # the instance table the requests of the file being read were last named with (see LogParse)
+        self.instances_of: str | None = None  # the file it was built for
+        self.instance_slots: dict[tuple[int, int], int | None] = {}  # (ikey, instance_no) -> its slot context
+        self._inst_keys = pl.DataFrame()
+        self._instances_full = pl.DataFrame()
 
     # -------------------------------------------------------------- per file
     def _engine(self, fmt: Format) -> Engine:
@@ -252,20 +360,19 @@ class Ingestor:
         if self.progress:
             self.progress(replace(self.at, requests=self.at.requests + (0 if file_done else requests)))
 
-    def ingest_file(self, path: Path, root: Path | None, total_bytes: int, done_bytes: list[int]) -> None:
+    def ingest_file(self, path: Path, root: Path | None, done_bytes: list[int]) -> None:
         run = run_of(path, self.run, root)
         fid = file_id_of(path)
         stat = path.stat()
         head = read_head(path, 4096)
-        head_sha = hashlib.sha256(head).hexdigest()
-        prev = self.files_meta.get(fid)
-        compression = compression_of(path)
-        if prev is not None and prev.get("head_sha256") == head_sha and stat.st_size == prev.get("size_bytes") \
-                and stat.st_mtime == prev.get("mtime") and prev.get("run") == run \
-                and prev.get("tz", "UTC") == self.tz \
-                and (self.forced is None or prev.get("format") == self.forced.name) \
-                and (self.mapping is None or not str(prev.get("format", "")).startswith("records")):
-            self.result.files.append(FileReport(str(path), str(prev.get("format")), "unchanged"))
+        now = FileState.found(path, fid, run, stat, hashlib.sha256(head).hexdigest())
+        prev = FileState.from_json(self.files_meta[fid]) if fid in self.files_meta else None
+        compression = now.compression
+        if prev is not None and prev.head_sha256 == now.head_sha256 and stat.st_size == prev.size_bytes \
+                and stat.st_mtime == prev.mtime and prev.run == run and prev.tz == self.tz \
+                and (self.forced is None or prev.format == self.forced.name) \
+                and (self.mapping is None or not str(prev.format).startswith("records")):
+            self.result.files.append(FileReport(str(path), str(prev.format), "unchanged"))
             done_bytes[0] += stat.st_size
             self._requeue_records(path, prev, run)
             return
@@ -283,8 +390,7 @@ class Ingestor:
                 if stat.st_size:
                     self.result.warnings.append(f"{path}: {msg}")
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
-                self._record_file(fid, path, run, "empty", compression, stat, head_sha, 0, 0, Counter(), 0, 0, 0, 0,
-                                  state=None)
+                self._record_file(replace(now, format="empty"))
                 return
             if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
                 self.result.files.append(FileReport(str(path), "not a log", "skipped",
@@ -294,35 +400,39 @@ class Ingestor:
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "
                                           "records, or --keep-going to load the other files")
         fmt = dataclasses.replace(self.forced or grammar(), name=fmt_name)  # every format's kinds, named as detected
-        start_offset, start_line, status = 0, 0, "ingested"
-        state_in = None
-        dropped: dict[str, list[str]] = {}
-        if prev is not None:
-            # the hash covered at most the first 4 KiB the file had then: compare the same bytes now, so a
-            # small log that grew is recognised as grown, not replaced
-            covered = min(len(head), int(prev.get("size_bytes", 0)))
-            same_head = prev.get("head_sha256") == hashlib.sha256(head[:covered]).hexdigest()
-            grew = stat.st_size >= prev.get("size_bytes", 0)
-            if same_head and stat.st_size == prev.get("size_bytes") and stat.st_mtime == prev.get("mtime") \
-                    and prev.get("format") == fmt_name and prev.get("run") == run:
-                self.result.files.append(FileReport(str(path), fmt_name, "unchanged"))
-                done_bytes[0] += stat.st_size
-                return
-            # a last line read without its newline may have been cut: a file that grew after is read whole
-            if same_head and grew and compression is None and prev.get("format") == fmt_name \
-                    and prev.get("run") == run and not prev.get("unterminated_tail"):
-                start_offset, start_line, status = prev["bytes_read"], prev["lines_total"], "appended"
-                state_in = prev
-            else:
-                status = "replaced" if prev.get("run") == run else "ingested"
-            dropped = self._drop_file_parts(fid)
-            if status == "appended":  # the earlier rows stay; the carried state and the open requests go
-                for table in ("events", "unparsed", "requests"):
-                    keep = [p for p in dropped.get(table, [])
-                            if f"/{fid}-req-open-" not in p and f"/{fid}-ev-tail-" not in p]
-                    self.txn.removes.get(table, set()).difference_update(keep)
-        self._parse(path, fid, run, fmt, compression, stat, head_sha, start_offset, start_line, status, state_in,
-                    total_bytes, done_bytes, dropped)
+        job = LogRead(now, fmt, final=compression is not None or settled(stat))
+        if prev is not None and not self._continue(job, prev, head, done_bytes):
+            return
+        LogParse(self, job).run(done_bytes)
+
+    def _continue(self, job: LogRead, prev: FileState, head: bytes, done_bytes: list[int]) -> bool:
+        """Compare a file read before with what it is now: False when it is unchanged (nothing to read), else
+        set ``job`` to append to the earlier rows (the file grew) or to replace them."""
+        now, fid = job.file, job.file.file_id
+        # the hash covered at most the first 4 KiB the file had then: compare the same bytes now, so a
+        # small log that grew is recognised as grown, not replaced
+        covered = min(len(head), int(prev.size_bytes or 0))
+        same_head = prev.head_sha256 == hashlib.sha256(head[:covered]).hexdigest()
+        size = now.size_bytes or 0
+        grew = size >= (prev.size_bytes or 0)
+        if same_head and now.size_bytes == prev.size_bytes and now.mtime == prev.mtime \
+                and prev.format == job.fmt.name and prev.run == now.run:
+            self.result.files.append(FileReport(now.path, job.fmt.name, "unchanged"))
+            done_bytes[0] += size
+            return False
+        # a last line read without its newline may have been cut: a file that grew after is read whole
+        if same_head and grew and now.compression is None and prev.format == job.fmt.name \
+                and prev.run == now.run and not (prev.parse is not None and prev.parse.unterminated_tail):
+            job.status, job.prev = "appended", prev
+        else:
+            job.status = "replaced" if prev.run == now.run else "ingested"
+        job.dropped = self._drop_file_parts(fid)
+        if job.status == "appended":  # the earlier rows stay; the carried state and the open requests go
+            for table in ("events", "unparsed", "requests"):
+                keep = [p for p in job.dropped.get(table, [])
+                        if f"/{fid}-req-open-" not in p and f"/{fid}-ev-tail-" not in p]
+                self.txn.removes.get(table, set()).difference_update(keep)
+        return True
 
     def _records_kind(self, path: Path, run: str, *, named: bool) -> bool:
         """Queue ``path`` as replay records when it is: canonical records (told by their content, never
@@ -344,16 +454,16 @@ class Ingestor:
         self.result.files.append(FileReport(str(path), f"records:{kind}", status))
         self.records.append((path, kind, run, mapping or (str(self.mapping) if kind == "mapped" else None)))
 
-    def _requeue_records(self, path: Path, prev: dict[str, Any], run: str) -> None:
+    def _requeue_records(self, path: Path, prev: FileState, run: str) -> None:
         """Remember an unchanged records file: ``requeue_unchanged`` reads it again when another file of its
         run changed (a log that came since ties its records; a manifest anchors their times)."""
-        fmt = str(prev.get("format", ""))
+        fmt = prev.format or ""
         kind = fmt.removeprefix("records:")
         if not fmt.startswith("records:") or kind not in ("manifest", "attempts", "mapped", "summary"):
             return
-        if kind in ("mapped", "summary") and not prev.get("mapping"):
+        if kind in ("mapped", "summary") and not prev.mapping:
             return  # read by a mapping this store does not remember
-        self.unchanged_records.append((path, "mapped" if kind == "summary" else kind, run, prev.get("mapping")))
+        self.unchanged_records.append((path, "mapped" if kind == "summary" else kind, run, prev.mapping))
 
     def requeue_unchanged(self) -> None:
         """Queue the unchanged records files of the runs that a file of this ingest changed."""
@@ -374,195 +484,6 @@ class Ingestor:
                 dropped[table] = mine
                 self.txn.remove(table, mine)
         return dropped
-
-    def _parse(self, path: Path, fid: str, run: str, fmt: Format, compression: str | None, stat: Any,  # noqa: C901, PLR0913, PLR0915
-               head_sha: str, start_offset: int, start_line: int, status: str, prev: dict | None,
-               total_bytes: int, done_bytes: list[int], dropped: dict[str, list[str]]) -> None:
-        from parsers.reader import ReadState
-
-        engine = self._engine(fmt)
-        carry = Carry(last_kind=(prev or {}).get("last_kind"))
-        astate = assemble.AssembleState()
-        saved: dict[str, pl.DataFrame] = {}
-        if prev:
-            for k, v in (prev.get("keys") or {}).items():
-                known = assemble.KeyState.__dataclass_fields__
-                astate.keys[int(k)] = assemble.KeyState(**{f: x for f, x in v.items() if f in known})
-            for name in ("_partials", "_http", "_facts", "_tail"):
-                frames = [pl.read_parquet(self.store.root / rel) for rel in dropped.get(name, [])]
-                saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
-        builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
-                                          http_last=(prev or {}).get("http_last"),
-                                          seq=(prev or {}).get("seq"))
-        req_counts: Counter = Counter({tuple(map(int, k.split("/"))): v
-                                       for k, v in ((prev or {}).get("req_counts") or {}).items()})
-        n_requests = prev.get("requests", 0) if prev else 0
-        label = self._label(path, run)
-        skipped: Counter = Counter(json.loads(prev["skipped_by_kind"]) if prev else {})
-        lines = prev["lines_total"] if prev else 0
-        parsed = prev["lines_parsed"] if prev else 0
-        unparsed_n = prev["lines_unparsed"] if prev else 0
-        reference = self.started_at or datetime.fromtimestamp(stat.st_mtime, timezone.utc)
-        rstate = ReadState()
-        wrappers_seen: set[str] = set(prev.get("wrappers", [])) if prev else set()
-        # what the lines read before said about each instance (model, slots, context: usually at the top)
-        inst_rows: list[pl.DataFrame] = [saved["_facts"]] if saved.get("_facts") is not None \
-            and saved["_facts"].height else []
-        def classify(chunk: Any, order: tuple[int, ...]) -> Any:
-            res = engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
-            return chunk, res, assemble.parse_abs_time(res.events, reference=reference, tz=self.tz,
-                                                       reference_is_start=self.started_at is not None)
-
-        # Chunks are classified on worker threads (polars releases the GIL) while this thread assembles
-        # requests and writes parts in file order; at most BATCH + WORKERS + 2 chunks are in memory at once.
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=WORKERS)
-        pending: list[Any] = []
-        chunks = iter_chunks(path, start_offset=start_offset, start_line_no=start_line, state=rstate,
-                             chunk_bytes=reader.CHUNK_BYTES, final=compression is not None or settled(stat))
-
-        def results() -> Any:
-            for chunk in chunks:
-                pending.append(pool.submit(classify, chunk, engine.order))
-                if len(pending) > WORKERS + 1:
-                    yield pending.pop(0).result()
-            while pending:
-                yield pending.pop(0).result()
-
-        def batches() -> Any:
-            batch: list[Any] = []
-            for item in results():
-                batch.append(item)
-                if len(batch) == BATCH:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
-
-        # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
-        # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
-        chunk_no = 0
-        # trailing lines waiting for the line they take their slot from (era 2); an append continues them
-        tail = saved["_tail"] if saved.get("_tail") is not None else pl.DataFrame()
-
-        def assemble_events(ev: pl.DataFrame, last: Any) -> None:
-            nonlocal n_requests
-            ev = assemble.assign_instances(ev, fmt, astate)
-            ev = assemble.running_tasks(ev, fmt, astate)
-            ev = assemble.inherit_slots(ev, fmt, astate)
-            part, http = assemble.partial_requests(ev, fmt)
-            inst_rows.append(self._instance_facts(ev, fmt))
-            if len(inst_rows) > 4:  # keep one aggregated frame, not one per batch
-                inst_rows[:] = [collapse_facts(inst_rows)]
-            final = builder.add(part, http, last.first_line_no + last.n_lines - 1)
-            if final.height:
-                n_requests += self._write_requests(final, req_counts, inst_rows, fid, path, run, fmt, label,
-                                                   f"{start_line:012d}-{chunk_no:05d}")
-            events_out = self._events_frame(ev, path, fid)
-            self.txn.write("events", events_out, run=run, name=f"{fid}-{start_line:012d}-{chunk_no:05d}")
-
-        last: Any = None
-        for batch in batches():
-            evs = [tail] if tail.height else []
-            for chunk, res, ev in batch:
-                self.at_line = chunk.first_line_no
-                chunk_no += 1
-                engine.learn(res)
-                engine.join_chunks(res, carry.last_kind)
-                if res.last_kind is not None:
-                    carry.last_kind = res.last_kind
-                wrappers_seen |= res.wrappers_seen
-                lines += res.total
-                parsed += res.parsed
-                unparsed_n += res.unparsed.height
-                skipped.update(res.skipped)
-                if ev.height:
-                    evs.append(ev)
-                if res.unparsed.height:
-                    un = res.unparsed.with_columns(
-                        pl.lit(str(path)).alias("path"),
-                        res.unparsed["text"].map_elements(mask_shape, return_dtype=pl.String).alias("shape"))
-                    self.unknown.update(un["shape"].to_list())
-                    self.txn.write("unparsed", schema.conform(un, "unparsed"), run=run, name=f"{fid}-{chunk_no:05d}")
-            ev = pl.concat(evs, how="diagonal_relaxed") if len(evs) > 1 else evs[0] if evs else batch[-1][2]
-            # lines that take their slot from a later line (era-2 timings before `slot N released`) wait for
-            # the next batch when that line has not come yet
-            cut = assemble.waiting_tail(ev, fmt, astate)
-            ev, tail = (ev.slice(0, cut), ev.slice(cut)) if cut is not None else (ev, pl.DataFrame())
-            last = batch[-1][0]
-            assemble_events(ev, last)
-            done_bytes[0] += last.end_offset - batch[0][0].first_offset
-            self.tick(done_bytes[0], requests=n_requests)
-        if tail.height and compression and last is not None:  # a compressed file does not grow
-            assemble_events(tail, last)
-        elif tail.height:
-            # The file may grow: keep the lines for the next ingest, and list them as events meanwhile (in a
-            # part of their own that the next ingest replaces, named like the instance they belong to).
-            self.txn.write("_tail", tail, run=run, name=f"{fid}-state")
-            ev = assemble.assign_instances(tail, fmt, copy.deepcopy(astate))
-            self.txn.write("events", self._events_frame(ev, path, fid), run=run, name=f"{fid}-ev-tail")
-        pool.shutdown()
-        self.result.warnings.extend(rstate.warnings)
-        if rstate.held_back_bytes:
-            self.result.warnings.append(
-                f"{path}: last line has no newline yet ({rstate.held_back_bytes} bytes); it will be read by the next "
-                "ingest once it is complete")
-        open_counts = Counter(req_counts)
-        if compression:  # a compressed file does not grow: what is still open is final
-            final = builder.finish()
-            if final.height:
-                n_requests += self._write_requests(final, req_counts, inst_rows, fid, path, run, fmt, label,
-                                                   f"{start_line:012d}-end")
-            open_counts = req_counts
-        else:
-            # Requests still open at the end (a log still being written, or a server that died mid-request) are
-            # listed, in a part of their own that the next ingest of a grown file replaces, while their partial
-            # rows stay open so the lines that finish them are merged in.
-            still_open = builder.peek()
-            if still_open.height:
-                self._write_requests(still_open, open_counts, inst_rows, fid, path, run, fmt, label, "open")
-        # what an append needs to continue: open requests and unmatched HTTP lines
-        if builder.open.height:
-            self.txn.write("_partials", builder.open, run=run, name=f"{fid}-state")
-        if builder.http.height:
-            self.txn.write("_http", builder.http, run=run, name=f"{fid}-state")
-        if inst_rows:
-            self.txn.write("_facts", collapse_facts(inst_rows), run=run, name=f"{fid}-state")
-        instances = self._instances(inst_rows, path, run, fmt, label, open_counts)
-        self.txn.write("instances", instances, run=run, name=f"{fid}-inst")
-        self._record_file(fid, path, run, fmt.name, compression, stat, head_sha, rstate.end_offset or start_offset,
-                          rstate.held_back_bytes, skipped, lines, parsed, unparsed_n, n_requests,
-                          state={"last_kind": carry.last_kind,
-                                 "keys": {str(k): vars(v) for k, v in astate.keys.items()},
-                                 "wrappers": sorted(wrappers_seen), "tz": self.tz,
-                                 "seq": builder.seq, "http_last": builder.http_last, "requests": n_requests,
-                                 "unterminated_tail": rstate.unterminated,
-                                 "req_counts": {f"{k[0]}/{k[1]}": v for k, v in req_counts.items()}})
-        self.result.files.append(FileReport(
-            str(path), fmt.name + (f" [{', '.join(sorted(wrappers_seen))}]" if wrappers_seen else ""), status,
-            lines, parsed, sum(skipped.values()), unparsed_n, sum(open_counts.values()) if not compression
-            else n_requests))
-
-    def _write_requests(self, final: pl.DataFrame, req_counts: Counter, inst_rows: list[pl.DataFrame], fid: str,  # noqa: PLR0913
-                        path: Path, run: str, fmt: Format, label: str, part_name: str) -> int:
-        seen = final.group_by("ikey", "instance_no").agg(pl.len().alias("n"))
-        for k, i, n in seen.iter_rows():
-            req_counts[(int(k), int(i))] += int(n)
-        # The requests need only each instance's name and slot context: rebuild the instance table only when
-        # an instance appears that the last one did not know, or whose slot context was still unknown.
-        known = getattr(self, "_inst_known", {})
-        wanted = {(int(k), int(i)) for k, i, _ in seen.iter_rows()}
-        if fid != getattr(self, "_inst_fid", None) or any(known.get(w) is None for w in wanted):
-            instances = self._instances(inst_rows, path, run, fmt, label, req_counts)
-            self._inst_fid = fid
-            self._inst_known = {(int(k), int(i)): c for k, i, c in
-                                self._instances_full.select("ikey", "instance_no", "n_ctx_slot").iter_rows()}
-        else:
-            instances = None
-        out = self._requests_frame(final, path, label, instances)
-        self.txn.write("requests", out, run=run, name=f"{fid}-req-{part_name}")
-        return out.height
 
     def _label(self, path: Path, run: str) -> str:
         return strip_exts(path.name)
@@ -677,19 +598,249 @@ class Ingestor:
             ev = ev.with_columns(pl.lit(None, dtype=pl.String).alias("level"))
         return schema.conform(ev, "events").drop("run")
 
-    def _record_file(self, fid: str, path: Path, run: str, fmt: str, compression: str | None, stat: Any,  # noqa: PLR0913
-                     head_sha: str, bytes_read: int, held_back: int, skipped: Counter, lines: int, parsed: int,
-                     unparsed: int, requests: int, *, state: dict | None) -> None:
-        now = datetime.now(timezone.utc)
-        row = {"path": str(path), "file_id": fid, "run": run, "format": fmt, "compression": compression,
-               "size_bytes": stat.st_size, "bytes_read": bytes_read, "held_back_bytes": held_back,
-               "lines_total": lines, "lines_parsed": parsed, "lines_skipped": sum(skipped.values()),
-               "lines_unparsed": unparsed, "skipped_by_kind": json.dumps(dict(sorted(skipped.items()))),
-               "head_sha256": head_sha, "mtime": stat.st_mtime, "ingested_at": now}
-        self.txn.write("files", schema.conform(pl.DataFrame([row]), "files"), run=run, name=f"{fid}-file")
-        meta = {k: v for k, v in row.items() if k != "ingested_at"}
-        meta.update(state or {})
-        self.files_meta[fid] = meta
+    def _record_file(self, file: FileState) -> None:
+        """The file's row in the files table, and what the next ingest needs of it in the manifest."""
+        row = {**file.row(), "ingested_at": datetime.now(timezone.utc)}
+        self.txn.write("files", schema.conform(pl.DataFrame([row]), "files"), run=file.run, name=f"{file.file_id}-file")
+        self.files_meta[file.file_id] = file.to_json()
+
+
+@dataclass
+class LogRead:
+    """One log file to parse: the file as found, its format, and whether it is read anew or appended to."""
+
+    file: FileState  # as found now, nothing read yet
+    fmt: Format  # every format's kinds, named as detected
+    final: bool  # its last line is read even without a newline (compressed, or not written for a while)
+    status: str = "ingested"  # ingested, replaced or appended
+    prev: FileState | None = None  # what the last ingest left, when appending
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # the parts the file wrote before, by table
+
+
+class LogParse:
+    """Parse one log file into the ingest's transaction.  Chunks are classified on worker threads (polars releases
+    the GIL) while this thread assembles requests and writes parts in file order; ``state`` is what the next
+    ingest of the grown file continues from."""
+
+    def __init__(self, ing: Ingestor, job: LogRead) -> None:
+        self.ing, self.job = ing, job
+        prev = job.prev
+        self.state = prev.parse if prev is not None and prev.parse is not None else ParseState()
+        self.state.tz = ing.tz
+        self.engine = ing._engine(job.fmt)
+        self.carry = Carry(last_kind=self.state.last_kind)
+        self.assembly = assemble.AssembleState(keys=self.state.keys)
+        saved = self._saved_frames()
+        self.builder = assemble.RequestBuilder(open_rows=saved.get("_partials"), http=saved.get("_http"),
+                                               http_last=self.state.http_last, seq=self.state.seq)
+        self.start_line = prev.lines_total if prev is not None else 0
+        self.lines = prev.lines_total if prev is not None else 0
+        self.parsed = prev.lines_parsed if prev is not None else 0
+        self.unparsed = prev.lines_unparsed if prev is not None else 0
+        self.skipped: Counter[str] = Counter(json.loads(prev.skipped_by_kind) if prev is not None else {})
+        self.label = ing._label(Path(job.file.path), job.file.run or "")
+        self.reference = ing.started_at or datetime.fromtimestamp(job.file.mtime or 0.0, timezone.utc)
+        self.read = reader.ReadState()
+        # what the lines read before said about each instance (model, slots, context: usually at the top)
+        facts = saved.get("_facts")
+        self.instance_facts: list[pl.DataFrame] = [facts] if facts is not None and facts.height else []
+        # trailing lines waiting for the line they take their slot from (era 2); an append continues them
+        tail = saved.get("_tail")
+        self.tail = tail if tail is not None else pl.DataFrame()
+        self.chunk_no = 0
+
+    def _saved_frames(self) -> dict[str, pl.DataFrame]:
+        """The carried frames the last ingest of an appended file left: open requests, unmatched HTTP lines,
+        instance facts, trailing lines."""
+        if self.job.prev is None:
+            return {}
+        saved = {}
+        for name in ("_partials", "_http", "_facts", "_tail"):
+            frames = [pl.read_parquet(self.ing.store.root / rel) for rel in self.job.dropped.get(name, [])]
+            saved[name] = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+        return saved
+
+    @property
+    def path(self) -> Path:
+        return Path(self.job.file.path)
+
+    @property
+    def run_name(self) -> str:
+        return self.job.file.run or ""
+
+    def run(self, done_bytes: list[int]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=WORKERS)
+        last: Any = None
+        # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
+        # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
+        for batch in self._batches(pool):
+            evs = [self.tail] if self.tail.height else []
+            for chunk, res, ev in batch:
+                self._count(chunk, res, ev, evs)
+            ev = pl.concat(evs, how="diagonal_relaxed") if len(evs) > 1 else evs[0] if evs else batch[-1][2]
+            # lines that take their slot from a later line (era-2 timings before `slot N released`) wait for
+            # the next batch when that line has not come yet
+            cut = assemble.waiting_tail(ev, self.job.fmt, self.assembly)
+            ev, self.tail = (ev.slice(0, cut), ev.slice(cut)) if cut is not None else (ev, pl.DataFrame())
+            last = batch[-1][0]
+            self._assemble(ev, last)
+            done_bytes[0] += last.end_offset - batch[0][0].first_offset
+            self.ing.tick(done_bytes[0], requests=self.state.requests)
+        self._keep_tail(last)
+        pool.shutdown()
+        self._finish()
+
+    def _classify(self, chunk: Any, order: tuple[int, ...]) -> Any:
+        res = self.engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
+        return chunk, res, assemble.parse_abs_time(res.events, reference=self.reference, tz=self.ing.tz,
+                                                   reference_is_start=self.ing.started_at is not None)
+
+    def _batches(self, pool: Any) -> Any:
+        """The classified chunks in file order, BATCH at a time; at most BATCH + WORKERS + 2 chunks are in memory."""
+        chunks = iter_chunks(self.path, start_offset=self.job.prev.bytes_read if self.job.prev is not None else 0,
+                             start_line_no=self.start_line, state=self.read, chunk_bytes=reader.CHUNK_BYTES,
+                             final=self.job.final)
+        pending: list[Any] = []
+
+        def results() -> Any:
+            for chunk in chunks:
+                pending.append(pool.submit(self._classify, chunk, self.engine.order))
+                if len(pending) > WORKERS + 1:
+                    yield pending.pop(0).result()
+            while pending:
+                yield pending.pop(0).result()
+
+        batch: list[Any] = []
+        for item in results():
+            batch.append(item)
+            if len(batch) == BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _count(self, chunk: Any, res: Any, ev: pl.DataFrame, evs: list[pl.DataFrame]) -> None:
+        """Take one classified chunk: its counts, the kinds it learnt, its unknown lines (written), its events."""
+        ing, run, fid = self.ing, self.run_name, self.job.file.file_id
+        ing.at_line = chunk.first_line_no
+        self.chunk_no += 1
+        self.engine.learn(res)
+        self.engine.join_chunks(res, self.carry.last_kind)
+        if res.last_kind is not None:
+            self.carry.last_kind = res.last_kind
+        self.state.wrappers |= res.wrappers_seen
+        self.lines += res.total
+        self.parsed += res.parsed
+        self.unparsed += res.unparsed.height
+        self.skipped.update(res.skipped)
+        if ev.height:
+            evs.append(ev)
+        if res.unparsed.height:
+            un = res.unparsed.with_columns(
+                pl.lit(str(self.path)).alias("path"),
+                res.unparsed["text"].map_elements(mask_shape, return_dtype=pl.String).alias("shape"))
+            ing.unknown.update(un["shape"].to_list())
+            ing.txn.write("unparsed", schema.conform(un, "unparsed"), run=run, name=f"{fid}-{self.chunk_no:05d}")
+
+    def _assemble(self, ev: pl.DataFrame, last: Any) -> None:
+        """Events to instances, slots and requests; the requests a batch finished and its events are written."""
+        fmt, ing, fid = self.job.fmt, self.ing, self.job.file.file_id
+        ev = assemble.assign_instances(ev, fmt, self.assembly)
+        ev = assemble.running_tasks(ev, fmt, self.assembly)
+        ev = assemble.inherit_slots(ev, fmt, self.assembly)
+        part, http = assemble.partial_requests(ev, fmt)
+        self.instance_facts.append(ing._instance_facts(ev, fmt))
+        if len(self.instance_facts) > 4:  # keep one aggregated frame, not one per batch
+            self.instance_facts[:] = [collapse_facts(self.instance_facts)]
+        final = self.builder.add(part, http, last.first_line_no + last.n_lines - 1)
+        part_name = f"{self.start_line:012d}-{self.chunk_no:05d}"
+        if final.height:
+            self.state.requests += self._write_requests(final, self.state.req_counts, part_name)
+        events_out = ing._events_frame(ev, self.path, fid)
+        ing.txn.write("events", events_out, run=self.run_name, name=f"{fid}-{part_name}")
+
+    def _keep_tail(self, last: Any) -> None:
+        """The trailing lines still waiting for their slot once the file is read."""
+        ing, fid, run = self.ing, self.job.file.file_id, self.run_name
+        if self.tail.height and self.job.file.compression and last is not None:  # a compressed file does not grow
+            self._assemble(self.tail, last)
+        elif self.tail.height:
+            # The file may grow: keep the lines for the next ingest, and list them as events meanwhile (in a
+            # part of their own that the next ingest replaces, named like the instance they belong to).
+            ing.txn.write("_tail", self.tail, run=run, name=f"{fid}-state")
+            ev = assemble.assign_instances(self.tail, self.job.fmt, copy.deepcopy(self.assembly))
+            ing.txn.write("events", ing._events_frame(ev, self.path, fid), run=run, name=f"{fid}-ev-tail")
+
+    def _finish_requests(self) -> Counter[tuple[int, int]]:
+        """Write the requests still open at the end; return the request counts per instance to list."""
+        req_counts = self.state.req_counts
+        open_counts = Counter(req_counts)
+        if self.job.file.compression:  # a compressed file does not grow: what is still open is final
+            final = self.builder.finish()
+            if final.height:
+                self.state.requests += self._write_requests(final, req_counts, f"{self.start_line:012d}-end")
+            return req_counts
+        # Requests still open at the end (a log still being written, or a server that died mid-request) are
+        # listed, in a part of their own that the next ingest of a grown file replaces, while their partial
+        # rows stay open so the lines that finish them are merged in.
+        still_open = self.builder.peek()
+        if still_open.height:
+            self._write_requests(still_open, open_counts, "open")
+        return open_counts
+
+    def _finish(self) -> None:
+        ing, file, run = self.ing, self.job.file, self.run_name
+        ing.result.warnings.extend(self.read.warnings)
+        if self.read.held_back_bytes:
+            ing.result.warnings.append(
+                f"{file.path}: last line has no newline yet ({self.read.held_back_bytes} bytes); it will be read by "
+                "the next ingest once it is complete")
+        open_counts = self._finish_requests()
+        # what an append needs to continue: open requests and unmatched HTTP lines
+        if self.builder.open.height:
+            ing.txn.write("_partials", self.builder.open, run=run, name=f"{file.file_id}-state")
+        if self.builder.http.height:
+            ing.txn.write("_http", self.builder.http, run=run, name=f"{file.file_id}-state")
+        if self.instance_facts:
+            ing.txn.write("_facts", collapse_facts(self.instance_facts), run=run, name=f"{file.file_id}-state")
+        instances = ing._instances(self.instance_facts, self.path, run, self.job.fmt, self.label, open_counts)
+        ing.txn.write("instances", instances, run=run, name=f"{file.file_id}-inst")
+        state = self.state
+        state.last_kind, state.seq, state.http_last = self.carry.last_kind, self.builder.seq, self.builder.http_last
+        state.unterminated_tail = self.read.unterminated
+        start_offset = self.job.prev.bytes_read if self.job.prev is not None else 0
+        ing._record_file(replace(file, format=self.job.fmt.name, bytes_read=self.read.end_offset or start_offset,
+                                 held_back_bytes=self.read.held_back_bytes, lines_total=self.lines,
+                                 lines_parsed=self.parsed, lines_skipped=sum(self.skipped.values()),
+                                 lines_unparsed=self.unparsed,
+                                 skipped_by_kind=json.dumps(dict(sorted(self.skipped.items()))), parse=state))
+        wrappers = state.wrappers
+        ing.result.files.append(FileReport(
+            file.path, self.job.fmt.name + (f" [{', '.join(sorted(wrappers))}]" if wrappers else ""), self.job.status,
+            self.lines, self.parsed, sum(self.skipped.values()), self.unparsed,
+            sum(open_counts.values()) if not file.compression else state.requests))
+
+    def _write_requests(self, final: pl.DataFrame, req_counts: Counter[tuple[int, int]], part_name: str) -> int:
+        ing, file, run = self.ing, self.job.file, self.run_name
+        seen = final.group_by("ikey", "instance_no").agg(pl.len().alias("n"))
+        for k, i, n in seen.iter_rows():
+            req_counts[(int(k), int(i))] += int(n)
+        # The requests need only each instance's name and slot context: rebuild the instance table only when
+        # an instance appears that the last one did not know, or whose slot context was still unknown.
+        known = ing.instance_slots
+        wanted = {(int(k), int(i)) for k, i, _ in seen.iter_rows()}
+        if file.file_id != ing.instances_of or any(known.get(w) is None for w in wanted):
+            instances = ing._instances(self.instance_facts, self.path, run, self.job.fmt, self.label, req_counts)
+            ing.instances_of = file.file_id
+            ing.instance_slots = {(int(k), int(i)): c for k, i, c in
+                                  ing._instances_full.select("ikey", "instance_no", "n_ctx_slot").iter_rows()}
+        else:
+            instances = None
+        out = ing._requests_frame(final, self.path, self.label, instances)
+        ing.txn.write("requests", out, run=run, name=f"{file.file_id}-req-{part_name}")
+        return out.height
 
 
 def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -744,8 +895,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
-        ing = Ingestor(store, run=run, fmt=fmt, started_at=started_at, progress=progress, keep_going=keep_going,
-                       mapping=mapping, tz=tz)
+        ing = Ingestor(store, IngestOptions(run, fmt, started_at, keep_going, mapping, tz), progress)
         ing.loaded_mapping = loaded
         files = _skip_duplicates(ing, files)
         if hidden:
@@ -761,7 +911,7 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
             meta_before = ing.files_meta.get(file_id_of(path))
             try:
                 with bug_boundary(path=str(path)):
-                    ing.ingest_file(path, root, total, done)
+                    ing.ingest_file(path, root, done)
             except ForensicsError as exc:
                 if isinstance(exc, InternalError):
                     exc.line = exc.line or ing.at_line
@@ -919,10 +1069,9 @@ def _ingest_records(ing: Ingestor, store: Store) -> None:
         if rep is None or rep.status == "error":
             continue
         stat = path.stat()
-        head_sha = hashlib.sha256(read_head(path, 4096)).hexdigest()
-        ing._record_file(file_id_of(path), path, run, rep.kind, compression_of(path), stat, head_sha,
-                         stat.st_size, 0, Counter(), rep.parsed + rep.unparsed, rep.parsed, rep.unparsed, 0,
-                         state={"mapping": mapping} if mapping else None)
+        found = FileState.found(path, file_id_of(path), run, stat, hashlib.sha256(read_head(path, 4096)).hexdigest())
+        ing._record_file(replace(found, format=rep.kind, bytes_read=stat.st_size, lines_total=rep.parsed + rep.unparsed,
+                                 lines_parsed=rep.parsed, lines_unparsed=rep.unparsed, mapping=mapping))
 
 
 def _join_runs(store: Store) -> list[str]:

@@ -14,8 +14,7 @@ MAX_LINES, MAX_PARAMS = 80, 6
 STILL_TOO_BIG = {
     "forensics/generate/api.py::_shift", "forensics/generate/api.py::generate", "forensics/generate/api.py::_router",
     "forensics/generate/simulate.py::simulate_run", "forensics/generate/writers.py::finish_lines",
-    "forensics/ingest.py::__init__", "forensics/ingest.py::_parse", "forensics/ingest.py::_write_requests",
-    "forensics/ingest.py::_record_file", "forensics/ingest.py::ingest", "forensics/repetition.py::analyze",
+    "forensics/ingest.py::ingest", "forensics/repetition.py::analyze",
     "parsers/assemble.py::inherit_slots", "parsers/assemble.py::partial_requests",
 }
 
