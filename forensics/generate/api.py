@@ -72,7 +72,7 @@ def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.E
     for r in sim.requests:
         srv = sim.servers[r.server]
         l0 = srv.launch_us
-        cancel_t = getattr(r, "cancel_t", None)
+        cancel_t = r.cancel_t
         timed = r.cancel_kind is None and r.error_kind is None
         recs.append({
             "server": r.server, "run": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt,

@@ -64,6 +64,7 @@ class Req:
     error: str | None = None
     error_kind: str | None = None
     cancel_kind: str | None = None  # timeout or killed
+    cancel_t: int | None = None  # when a cancelled request was cancelled
     prev_n_past: int = 0
     t_last_prev: int = -1
     n_past_end: int = 0
@@ -308,7 +309,7 @@ class Simulator:
             r.gen = max(int(r.done), 0)
         r.stop_reason, r.truncated = "cancelled", r.input_truncated
         r.http_status = 200
-        r.cancel_t = t  # type: ignore[attr-defined]
+        r.cancel_t = t
         self.release(srv, r, t + 410, n_past=None if r.gen > 0 else r.prompt_logged, cancelled=True)
 
     # -- client -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -21,6 +21,10 @@ from forensics.replay.clock import manifest_starts, resolve
 from forensics.replay.identity import tie_runs
 from forensics.replay.mapping import Mapping, apply, load_mapping
 from forensics.replay.records import RawRecord, RecordIssue, Records, build, canonical_raw
+
+if TYPE_CHECKING:
+    from forensics.ingest import FileReport, Ingestor
+    from forensics.store import Store
 
 SHOWN_PER_FILE = 3  # bad records listed one by one per file; the rest are counted
 
@@ -161,7 +165,7 @@ def _count(recs: Records, outcomes: dict[str, FileOutcome], by_file: dict[str, l
 
 
 # ---------------------------------------------------------------------------------------------- ingest
-def ingest_into(ing: Any, store: Any) -> None:
+def ingest_into(ing: Ingestor, store: Store) -> None:
     """Hook for ``forensics ingest``: read the record files it queued (``ing.records``: (path, kind, folder
     run, mapping) tuples) together into its transaction ``ing.txn``, and report each file, each tie of
     runs and the bad records in ``ing.result``.  A file that cannot be read is that file's error; the
@@ -197,7 +201,7 @@ def _mapping(source: Any, cache: dict[str, Mapping]) -> Mapping:
     return cache[key]
 
 
-def _report(ing: Any, f: Any, outcome: FileOutcome) -> None:
+def _report(ing: Ingestor, f: FileReport, outcome: FileOutcome) -> None:
     if outcome.error is not None:
         f.status, f.kind, f.message = "error", outcome.kind, outcome.error.one_line()
         ing.result.errors.append(f.message)

@@ -168,7 +168,7 @@ def running(open_: pl.DataFrame, inst: pl.DataFrame, speed: dict[str, float], li
                 continue
         secs = _time_on_slot(r, li.clocks.get(path), li, "/".join(map(str, key)))
         est = secs * 1000.0 / speed[r["run"]] if secs is not None and speed.get(r["run"]) else None
-        tokens = max([v for v in (r["gen_tokens"], getattr(view, "n_decoded", None), est) if v is not None],
+        tokens = max([v for v in (r["gen_tokens"], view.n_decoded if view is not None else None, est) if v is not None],
                      default=None)
         tokens_i = math.floor(tokens) if tokens is not None else None
         out.keys.add(key)
