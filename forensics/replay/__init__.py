@@ -30,7 +30,7 @@ from forensics.replay.items import build_items
 from forensics.replay.join import JoinResult, join, join_store
 from forensics.replay.mapping import Mapping, load_mapping, shipped_mappings
 from forensics.replay.records import RecordIssue, Records, detect
-from forensics.replay.report import missing, runs_table
+from forensics.replay.tables import missing, runs_table
 
 __all__ = [
     "JoinResult", "Mapping", "RecordIssue", "Records", "RunCheck", "build_items", "check_run", "detect",
