@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import duckdb
 import polars as pl
+import regex
 
 from forensics import runs as runs_mod
 from forensics import schema
@@ -499,7 +499,7 @@ def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- errors
-def _mask_quoted(m: re.Match[str]) -> str:
+def _mask_quoted(m: regex.Match[str]) -> str:
     text = m.group(0)
     if m.group(1) is not None or any(ch.isspace() for ch in text):
         return text
@@ -507,7 +507,7 @@ def _mask_quoted(m: re.Match[str]) -> str:
 
 
 # Masking rules, applied in order: (regex, replacement text or function of the match).
-MASKS: list[tuple[str, str | Callable[[re.Match[str]], str]]] = [
+MASKS: list[tuple[str, str | Callable[[regex.Match[str]], str]]] = [
     (r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b", "<uuid>"),
     (r"\b0x[0-9a-fA-F]+\b", "<hex>"),
     (r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b", "<hex>"),
@@ -516,7 +516,7 @@ MASKS: list[tuple[str, str | Callable[[re.Match[str]], str]]] = [
     (r'"(?:[^"\\]|\\.)*"(\s*:)?', _mask_quoted),
     (r"(?<![A-Za-z_<])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N"),  # numbers
 ]
-_MASKS = [(re.compile(p), r) for p, r in MASKS]
+_MASKS = [(regex.compile(p), r) for p, r in MASKS]
 
 
 def mask_message(text: str | None) -> str:

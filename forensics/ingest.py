@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import time
 import traceback
 from collections import Counter
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+import regex
 
 from forensics import schema
 from forensics.errors import (
@@ -288,7 +288,7 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
 
 def mask_shape(text: str) -> str:
     for pattern, repl in SHAPE_RULES:
-        text = re.sub(pattern, repl, text)
+        text = regex.sub(pattern, repl, text)
     return text[:200]
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import duckdb
 import polars as pl
+import regex
 
 from forensics import runs as runs_mod
 from forensics.errors import InputError, QueryError
@@ -299,7 +299,7 @@ def knee(xs: list[float], gain: list[float | None], lat_step: list[float | None]
 
 
 # ---------------------------------------------------------------------------------------- smoke
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_DURATION = regex.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", regex.IGNORECASE)
 _UNIT = {None: 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 

@@ -16,12 +16,12 @@ Pure Python and polars: no click, no altair.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
 import polars as pl
+import regex
 
-WORD = re.compile(r"\w+|[^\w\s]")
+WORD = regex.compile(r"\w+|[^\w\s]")
 
 # Defaults of the degenerate rule (documented in docs/findings.md).
 MIN_REPEATS = 3

@@ -9,13 +9,13 @@ whose regex matches its body (text) or message (record) claims it (the format fi
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
 import polars as pl
+import regex
 
 from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
 
@@ -81,7 +81,7 @@ def load_wrappers() -> Wrappers:
         for w in data.get("wrapper", [])
     )
     for w in prefixes:
-        re.compile(w.regex)
+        regex.compile(w.regex)
     jw = tuple(
         JsonWrapper(j["name"], j["detect"], j.get("exclude", "$^"), tuple(j["text"]), tuple(j.get("time", ())),
                     tuple(j.get("level", ())), tuple(j.get("samples", ())))
@@ -98,7 +98,7 @@ def load_frames() -> Frames:
     kv = tuple(KvFrame(k["name"], k.get("prefilter", ""), k["regex"], k.get("time"), k.get("time_key"),
                        tuple(k.get("samples", ()))) for k in data.get("kv", []))
     for k in kv:
-        re.compile(k.regex)
+        regex.compile(k.regex)
     return Frames(tuple(js.get("message", ["msg"])), tuple(js.get("level", ())), tuple(js.get("time", ())), kv,
                   data.get("text", {}).get("prefix", ""))
 
@@ -161,7 +161,7 @@ def key_values(tail: pl.Series, keys: str) -> pl.Series:
     (``"key": value``, any order, cut short or not) or a key=value tail (``key=value``)."""
     out = pl.Series([None] * len(tail), dtype=pl.String)
     for key in keys.split("|"):
-        k = re.escape(key.strip())
+        k = regex.escape(key.strip())
         val = tail.str.extract(rf'(?:"{k}"\s*:\s*|(?:^|[\s,{{]){k}=)({_STR}|\{{[^}}]*\}}|[^,}}\s]+)', 1)
         out = out.fill_null(val)
     return unquote(out)
@@ -226,7 +226,7 @@ class Unwrapper:
         self.wrappers = wrappers
         heads = [w.regex.removeprefix("^") for w in wrappers.prefixes]
         heads += [j.detect.removeprefix("^") for j in wrappers.json]
-        heads = [re.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
+        heads = [regex.sub(r"\(\?P<\w+>", "(?:", h) for h in heads]  # names would clash across wrappers
         self.any_wrapper = "^(?:" + "|".join(f"(?:{h})" for h in heads) + ")"
 
     def __call__(self, raw: pl.Series) -> tuple[pl.Series, dict[str, pl.Series], set[str]]:
@@ -315,7 +315,7 @@ class Framer:
 
     def __init__(self, frames: Frames) -> None:
         self.frames = frames
-        keys = "|".join(re.escape(k) for k in frames.json_message)
+        keys = "|".join(regex.escape(k) for k in frames.json_message)
         self.json_msg_key = rf'"(?:{keys})"\s*:'
         self.json_msg = rf'"(?:{keys})"\s*:\s*({_STR})'
 

@@ -13,12 +13,13 @@ Supporting a new llama.cpp version or fork means adding rows to these files, not
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import regex
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,7 +119,7 @@ def load_fields() -> dict[str, Field]:
     return out
 
 
-_GROUP = re.compile(r"\(\?P<([A-Za-z_]\w*)>")
+_GROUP = regex.compile(r"\(\?P<([A-Za-z_]\w*)>")
 
 
 def expand(regex: str, macros: dict[str, str]) -> str:
@@ -169,15 +170,15 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
     )
 
 
-def _compiles(regex: str, where: str, path: Path) -> None:
+def _compiles(pattern: str, where: str, path: Path) -> None:
     """The regex compiles for the engine (Rust's regex crate, through polars: no look-arounds, no
     back-references) and for Python (the tests read samples with it)."""
     import polars as pl
 
     try:
-        re.compile(regex)
-        pl.Series([""], dtype=pl.String).str.contains(regex)
-    except (re.error, pl.exceptions.PolarsError) as exc:
+        regex.compile(pattern)
+        pl.Series([""], dtype=pl.String).str.contains(pattern)
+    except (regex.error, pl.exceptions.PolarsError) as exc:
         raise FormatDefinitionError(f"{where} regex does not compile: {str(exc).splitlines()[-1]}", path=str(path),
                                     hint="the engine's regex has no look-arounds: use `exclude` instead") from exc
 

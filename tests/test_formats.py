@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import polars as pl
 import pytest
+import regex
 
 from forensics.errors import FormatDefinitionError
 from forensics.ingest import detect_format
@@ -68,8 +68,8 @@ def test_specific_kinds_are_disjoint() -> None:
             fr = framer(text)
             body, record = fr.body[0], bool(fr.record[0])
             for other in specific:
-                if (other.name != kind.name and (other.frame == "record") == record and re.search(other.regex, body)
-                        and not (other.exclude and re.search(other.exclude, body))):
+                if (other.name != kind.name and (other.frame == "record") == record and regex.search(other.regex, body)
+                        and not (other.exclude and regex.search(other.exclude, body))):
                     clashes.append((kind.name, other.name, sample[:80]))
     assert clashes == []
 
@@ -189,7 +189,7 @@ def test_no_first_pass_kind_matches_a_wrapped_line() -> None:
     taken = []
     for i in plain:
         for w in wrappers:
-            taken += [(GRAMMAR.kinds[i].name, s) for s in w.samples if re.search(ENGINE._fast[i], s)]
+            taken += [(GRAMMAR.kinds[i].name, s) for s in w.samples if regex.search(ENGINE._fast[i], s)]
         for sample in GRAMMAR.kinds[i].samples:
-            taken += [(GRAMMAR.kinds[i].name, p) for p in prefixes if re.search(ENGINE._fast[i], p + sample)]
+            taken += [(GRAMMAR.kinds[i].name, p) for p in prefixes if regex.search(ENGINE._fast[i], p + sample)]
     assert taken == []

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import regex
 
 from forensics.errors import InputError
 from forensics.generate import writers as W
@@ -51,7 +51,7 @@ class GeneratedRun:
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text.upper())
+    m = regex.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text.upper())
     if not m:
         raise InputError(f"cannot read size {text!r}", hint="write e.g. 50MB, 1GB or 1.5G")
     mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2)]

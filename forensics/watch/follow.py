@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -23,14 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from forensics.ingest import discover, file_id_of, strip_exts
 from forensics.store import Store
 from parsers.reader import compression_of, open_binary, read_head
 
 HEAD = 4096
 _DATE = r"[-._](?:\d{8}(?:[-T_]?\d{2,6})?|\d{4}-\d{2}-\d{2}(?:[-T_]\d{2}(?::?\d{2}){0,2})?)$"
-_ROTATION = re.compile(r"\.\d{1,3}$|" + _DATE)  # logrotate's .1 .. .999, and dateext suffixes
-_DATED = re.compile(_DATE)
+_ROTATION = regex.compile(r"\.\d{1,3}$|" + _DATE)  # logrotate's .1 .. .999, and dateext suffixes
+_DATED = regex.compile(_DATE)
 
 
 def stream_label(path: Path | str) -> str:

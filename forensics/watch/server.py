@@ -12,13 +12,14 @@ A server that does not expose an endpoint (``/slots`` is off in b3898-b6336 unle
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def parse_slots(payload: Any) -> list[SlotView]:
     return out
 
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(?P<value>\S+)")
+_SAMPLE = regex.compile(r"^(?P<name>[A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(?P<value>\S+)")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
