@@ -7,6 +7,7 @@ the report, the demo and ``--format json`` say the same thing.  A healthy run ge
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,12 +188,31 @@ def _runaways(run: str, runaways: pl.DataFrame, dead_keys: set[tuple[Any, ...]],
                                                       "tokens_max": toks.max()})]
 
 
+# What to change after a crash, by what the crash line says (first match wins; a crash none matches gets none).
+CRASH_ADVICE: list[tuple[str, str]] = [
+    (r"(?i)out of memory|\bOOM\b|failed to allocate|cudaMalloc failed|OutOfDeviceMemory|insufficient memory",
+     "The GPU ran out of memory: lower -c, -np or -ub, offload fewer layers (-ngl), or use a smaller quant."),
+    (r"GGML_ASSERT|[Aa]ssertion .* failed",
+     "A failed assert is a bug or an unsupported setting in this build: update llama.cpp, or report it upstream "
+     "with the build and these lines."),
+    (r"(?i)segmentation fault|SIGSEGV|SIGABRT|terminate called",
+     "The process died on a signal: update llama.cpp, or report it upstream with the build and these lines."),
+]
+
+
+def crash_advice(message: str) -> str:
+    return next((advice for rx, advice in CRASH_ADVICE if re.search(rx, message or "")), "")
+
+
 def _crashes(run: str, errors: pl.DataFrame) -> list[Fact]:
     out = []
     for r in errors.filter((pl.col("run") == run) & (pl.col("kind") == "crash")).iter_rows(named=True):
         flight = f" with {r['in_flight']} in flight" if r["in_flight"] else ""
-        out.append(Fact("crash", f"The server crashed {_when(r['first'])}{flight}: {r['example'][:160]}.",
-                        r["evidence"].split(", ") if r["evidence"] else [], {"crashes": r["count"]}))
+        advice = crash_advice(r["example"])
+        out.append(Fact("crash", f"The server crashed {_when(r['first'])}{flight}: {r['example'][:160]}."
+                        + (f" {advice}" if advice else ""),
+                        r["evidence"].split(", ") if r["evidence"] else [],
+                        {"crashes": r["count"], **({"advice": advice} if advice else {})}))
     return out
 
 

@@ -198,14 +198,19 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
         cut = nl
     ends = term - np.searchsorted(cut, term, side="left")  # each line's end once the cut bytes are gone
     body = np.delete(data, cut)
+    offsets = np.empty(len(nl) + 1, dtype=np.int64)
+    offsets[0] = 0
+    offsets[1:] = ends
     if (body >= 0x80).any():  # not plain ASCII: check it, and replace what is not UTF-8
         try:
             body.tobytes().decode("utf-8")
         except UnicodeDecodeError:
             return _to_series_replacing(block)
-    offsets = np.empty(len(nl) + 1, dtype=np.int64)
-    offsets[0] = 0
-    offsets[1:] = ends
+        # valid as a whole, but a line may start inside a character that the line before it cut: each line's
+        # first byte must not be a continuation byte (10xxxxxx), or the line is not valid UTF-8 on its own
+        starts = offsets[:-1][offsets[:-1] < len(body)]
+        if ((body[starts] & 0xC0) == 0x80).any():
+            return _to_series_replacing(block)
     arr = pa.LargeStringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(body))
     return pl.Series("line", arr, dtype=pl.String)
 

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from forensics.ingest import ingest
@@ -136,6 +136,7 @@ def test_http_lines_tied_first_in_first_out(data: st.DataObject) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
        st.lists(st.booleans(), max_size=30))
+@example([b"a\xcd", b"\x80b"], [])  # a character cut by a newline: valid UTF-8 only across the two lines
 def test_lines_split_like_the_text_reading_of_them(lines: list[bytes], crlf: list[bool]) -> None:
     """The bytes-to-lines split (newlines and a CR before one cut out in bulk) gives exactly the lines a text
     reader gives: invalid UTF-8 replaced, a leading CR kept."""

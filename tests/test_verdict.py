@@ -59,8 +59,20 @@ def test_a_crash_in_a_real_log(tmp_path: Path) -> None:
     [v] = verdict(Store(tmp_path / "s"), "r")
     assert v.facts[0].kind == "crash"
     assert v.facts[0].sentence.startswith("The server crashed ")
-    assert v.facts[0].sentence.endswith(" with slot 0 task 3 in flight: CUDA error: out of memory.")
+    assert v.facts[0].sentence.endswith(" with slot 0 task 3 in flight: CUDA error: out of memory. The GPU ran out "
+                                        "of memory: lower -c, -np or -ub, offload fewer layers (-ngl), or use a "
+                                        "smaller quant.")
+    assert v.facts[0].fields["advice"].startswith("The GPU ran out of memory")
     assert v.facts[0].evidence == [f"{log}:16-19"]
+
+
+def test_an_assert_crash_says_to_update_or_report(tmp_path: Path) -> None:
+    log = REAL / "crash-llamacpp-12817.log"  # GGML_ASSERT on a non-causal model with a small ubatch
+    ingest(tmp_path / "s", [log], run="r")
+    [v] = verdict(Store(tmp_path / "s"), "r")
+    assert v.facts[0].kind == "crash" and "GGML_ASSERT" in v.facts[0].sentence
+    assert v.facts[0].sentence.endswith("A failed assert is a bug or an unsupported setting in this build: update "
+                                        "llama.cpp, or report it upstream with the build and these lines.")
 
 
 def test_the_command_prints_json_and_gates(store: Store) -> None:

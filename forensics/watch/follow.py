@@ -265,7 +265,7 @@ class FsEvents:
             for _ in watchfiles.watch(*dirs, stop_event=self._stop, debounce=50, step=20, rust_timeout=1000,
                                       yield_on_timeout=False, raise_interrupt=False, ignore_permission_denied=True):
                 self.changed.set()
-        except Exception as exc:
+        except (ImportError, OSError, RuntimeError, ValueError) as exc:  # no library, no inotify watches left
             self.error = f"{type(exc).__name__}: {exc}"
             if not self._stop.is_set():
                 self._note(f"file events unavailable ({self.error}); polling instead")
