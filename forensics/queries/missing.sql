@@ -4,7 +4,7 @@
 -- reason, truncation, whether the server kept generating after the client gave up, log lines).
 -- Parameters: $run  the run id.
 -- Relations: items, attempts, runs (store views); replay_matches, replay_requests (the join's matches and
--- requests with absolute times, registered by forensics.replay.report).
+-- requests with absolute times, registered by forensics.replay.tables).
 WITH miss AS (
     SELECT run, item, stage, attempts FROM items WHERE run = $run AND NOT done
 ),

@@ -5,7 +5,7 @@
 -- per-request rows) takes its counts and duration from the summary; `from` says which.
 -- Parameters: none.
 -- Relations: runs, attempts, items (store views); replay_requests (the join's requests, registered by
--- forensics.replay.report).
+-- forensics.replay.tables).
 WITH ids AS (
     SELECT run FROM runs UNION SELECT run FROM attempts UNION SELECT run FROM items
 ),
