@@ -7,11 +7,11 @@ the report, the demo and ``--format json`` say the same thing.  A healthy run ge
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
+import regex
 
 from forensics import findings, metrics
 from forensics import runs as runs_mod
@@ -201,7 +201,7 @@ CRASH_ADVICE: list[tuple[str, str]] = [
 
 
 def crash_advice(message: str) -> str:
-    return next((advice for rx, advice in CRASH_ADVICE if re.search(rx, message or "")), "")
+    return next((advice for rx, advice in CRASH_ADVICE if regex.search(rx, message or "")), "")
 
 
 def _crashes(run: str, errors: pl.DataFrame) -> list[Fact]:
