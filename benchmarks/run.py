@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.stages import duckdb_frame, stages  # noqa: E402
 from benchmarks.stages import report as stage_report  # noqa: E402
-from forensics.generate import bench, generate, parse_size  # noqa: E402
+from forensics.generate import Repeat, bench, generate, parse_size  # noqa: E402
 
 FINDINGS = ("deadslots", "runaways", "cap", "errors", "throughput")
 APPEND_BYTES = 10 << 20
@@ -118,7 +118,7 @@ def bench_size(label: str, size: int, out: Path, opts: argparse.Namespace, stage
     for d in (gen_dir, store):
         shutil.rmtree(d, ignore_errors=True)
     t0 = time.perf_counter()
-    g = generate(bench(), gen_dir, fmt=opts.era, seed=opts.seed, size=size)
+    g = generate(bench(), gen_dir, fmt=opts.era, seed=opts.seed, repeat=Repeat(size=size))
     log = g.logs[0]
     mb = log.stat().st_size / 1e6
     res.append(Measure(tag, f"generate ({opts.era} log + records)", time.perf_counter() - t0, None, mb,
@@ -152,7 +152,8 @@ def _append_and_ingest(tag: str, log: Path, out: Path, opts: argparse.Namespace,
     ingest again."""
     tail_dir = out / f"tail-{tag}"
     shutil.rmtree(tail_dir, ignore_errors=True)
-    t = generate(bench(), tail_dir, fmt=opts.era, seed=opts.seed, size=APPEND_BYTES, first_tile=first_tile)
+    t = generate(bench(), tail_dir, fmt=opts.era, seed=opts.seed,
+                 repeat=Repeat(size=APPEND_BYTES, first_tile=first_tile))
     with log.open("ab") as fh, t.logs[0].open("rb") as src:
         shutil.copyfileobj(src, fh, 1 << 20)
     add_mb = t.logs[0].stat().st_size / 1e6

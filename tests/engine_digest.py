@@ -69,11 +69,11 @@ def digest_log(log: Path, workdir: Path) -> dict[str, Any]:
 
 
 def generated_logs(workdir: Path) -> dict[str, Path]:
-    from forensics.generate import bench, generate
+    from forensics.generate import Repeat, bench, generate
 
     out = {}
     for fmt, size in GENERATED.items():
-        generate(bench(), workdir / fmt, fmt=fmt, seed=3, size=size)
+        generate(bench(), workdir / fmt, fmt=fmt, seed=3, repeat=Repeat(size=size))
         out[f"generated-{fmt}"] = next((workdir / fmt).rglob("*.log"))
     return out
 

@@ -13,6 +13,7 @@ from forensics.cli import cli
 from forensics.generate import (
     DeadSlot,
     Faults,
+    Repeat,
     Run,
     Scenario,
     Server,
@@ -307,7 +308,7 @@ def test_era4_runaway_shifts_context_instead_of_stopping(tmp_path: Path) -> None
 # -- size mode and CLI ----------------------------------------------------------------------------------
 
 def test_size_mode_reaches_the_size(tmp_path: Path) -> None:
-    res = generate(healthy(), tmp_path, size="1MB", seed=0)
+    res = generate(healthy(), tmp_path, seed=0, repeat=Repeat(size="1MB"))
     assert res.bytes_written >= 1 << 20
     assert res.logs[0] == tmp_path / "logs/main.log" and res.logs[0].stat().st_size == res.bytes_written
     truth_lines = res.truth_path.read_text().splitlines()

@@ -23,7 +23,7 @@ class GenerateArgs:
 
 
 def register(cli: click.Group) -> None:
-    from forensics.generate import FORMATS, SCENARIOS, WRAPPERS, generate, parse_size
+    from forensics.generate import FORMATS, SCENARIOS, WRAPPERS, Repeat, generate, parse_size
 
     @cli.command("generate", epilog="""\b
 Examples:
@@ -53,8 +53,8 @@ Examples:
         if n_requests is not None and size is not None:
             raise click.UsageError("give --requests or --size, not both")
         size_b = parse_size(size) if size is not None else None
-        res = generate(SCENARIOS[scenario](), out_dir, fmt=fmt, wrapper=wrapper, seed=seed, requests=n_requests,
-                       size=size_b)
+        res = generate(SCENARIOS[scenario](), out_dir, fmt=fmt, wrapper=wrapper, seed=seed,
+                       repeat=Repeat(requests=n_requests, size=size_b))
         for p in res.logs:
             click.echo(f"log: {p} ({p.stat().st_size:,} bytes)", err=True)
         click.echo(f"records: {len(res.manifests)} run manifests, {len(res.attempts)} attempt files under "

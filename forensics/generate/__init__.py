@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from forensics.generate.api import TRUTH_COLUMNS, GeneratedRun, generate, parse_size
+from forensics.generate.api import TRUTH_COLUMNS, GeneratedRun, Repeat, generate, parse_size
 from forensics.generate.model import CostModel, DeadSlot, Faults, Run, Scenario, Server, tickers
 from forensics.generate.presets import SCENARIOS, bench, deadslot, demo_scenarios, errors, healthy, runaway
 from forensics.generate.writers import ERAS, WRAPPERS
@@ -14,7 +14,7 @@ from forensics.generate.writers import ERAS, WRAPPERS
 FORMATS = tuple(ERAS)
 
 __all__ = [
-    "FORMATS", "SCENARIOS", "TRUTH_COLUMNS", "WRAPPERS", "CostModel", "DeadSlot", "Faults", "GeneratedRun", "Run",
+    "FORMATS", "SCENARIOS", "TRUTH_COLUMNS", "WRAPPERS", "CostModel", "DeadSlot", "Faults", "GeneratedRun", "Repeat", "Run",
     "Scenario", "Server", "bench", "deadslot", "demo_scenarios", "errors", "generate", "healthy", "parse_size",
     "runaway", "tickers",
 ]

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import polars as pl
 import regex
@@ -188,34 +188,67 @@ def _server_info(spec: Any) -> dict[str, object]:
             "n_ctx": spec.total_ctx, "n_ctx_train": spec.n_ctx_train}
 
 
-def _shift(df: pl.DataFrame, i: int, span: int, task_off: dict[str, int], seq_off: pl.DataFrame,  # noqa: PLR0913
-           graphs_off: dict[str, int], suffix: str) -> pl.DataFrame:
+@dataclass(frozen=True)
+class Repeat:
+    """Repeat the scenario's runs (shifted in time, renamed ``<run>-NNNN``) until at least ``requests`` slot
+    requests or ``size`` log bytes are written.  ``first_tile`` > 0 writes the continuation of such a repeated
+    log (no startup banner): its bytes appended to the log written with the same seed show the server kept
+    running (used to benchmark appended tails)."""
+    requests: int | None = None
+    size: int | str | None = None
+    first_tile: int = 0
+
+    @property
+    def tiling(self) -> bool:
+        return self.requests is not None or self.size is not None
+
+    @property
+    def size_bytes(self) -> int | None:
+        return parse_size(self.size) if isinstance(self.size, str) else self.size
+
+
+@dataclass
+class _Tiling:
+    """Tile ``j`` is the scenario again, ``j * span`` µs later, with tasks, sequences and graph counters moved on
+    so the repeated log reads as one server that kept running."""
+    on: bool
+    span: int
+    task_off: dict[str, int]
+    graphs_off: dict[str, int]
+    seq_off: pl.DataFrame
+
+    def suffix(self, j: int) -> str:
+        return f"-{j:04d}" if self.on else ""
+
+
+def _tiling(sim: SimResult, df: pl.DataFrame, on: bool) -> _Tiling:
+    span = (max((r["t_end"] for r in sim.runs), default=0) + 60_000_000) if on else 0
+    seq_off = (df.group_by(["server", "slot"]).agg(pl.col("seq").max().alias("nseq")) if not df.is_empty()
+               else pl.DataFrame(schema={"server": pl.String, "slot": pl.Int64, "nseq": pl.Int64}))
+    return _Tiling(on=on, span=span, task_off={n: s.next_task + 100 for n, s in sim.servers.items()},
+                   graphs_off={n: max(int(s.steps) - s.rebuilds, 0) for n, s in sim.servers.items()}, seq_off=seq_off)
+
+
+def _shift(df: pl.DataFrame, i: int, tiling: _Tiling) -> pl.DataFrame:
+    suffix = tiling.suffix(i)
     if i == 0:
         return df.with_columns(pl.col("run") + suffix) if suffix else df
     C = pl.col
-    sh = i * span
+    sh = i * tiling.span
     tcols = ["t_launch", "t_pdone", "t_end", "cancel_t", "t_gend", "t_resp"]
-    out = df.join(seq_off, on=["server", "slot"], how="left").with_columns(
+    out = df.join(tiling.seq_off, on=["server", "slot"], how="left").with_columns(
         *[(C(c) + sh) for c in tcols],
         pl.when(C("t_last_prev") >= 0).then(C("t_last_prev") + sh).otherwise(-1).alias("t_last_prev"),
-        (C("task") + i * C("server").replace_strict(task_off, return_dtype=pl.Int64)).alias("task"),
+        (C("task") + i * C("server").replace_strict(tiling.task_off, return_dtype=pl.Int64)).alias("task"),
         (C("seq") + i * C("nseq")).alias("seq"),
-        (C("graphs_reused") + i * C("server").replace_strict(graphs_off, return_dtype=pl.Int64)).alias("graphs_reused"),
+        (C("graphs_reused") + i * C("server").replace_strict(tiling.graphs_off, return_dtype=pl.Int64))
+        .alias("graphs_reused"),
         (C("run") + suffix).alias("run"),
     ).drop("nseq")
     return out
 
 
-def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,  # noqa: C901, PLR0913, PLR0915
-             requests: int | None = None, size: int | str | None = None, first_tile: int = 0) -> GeneratedRun:
-    """Simulate ``scenario`` and write its logs, replay records and ground truth under ``out_dir``.
-
-    ``requests``/``size``: repeat the scenario's runs (shifted in time, renamed ``<run>-NNNN``) until at least that
-    many slot requests / log bytes are written.  Same seed, same arguments → byte-identical files.
-    ``first_tile`` > 0 writes the continuation of such a repeated log (no startup banner): its bytes appended to
-    the log written with the same seed show the server kept running (used to benchmark appended tails).
-    """
-    wrapper = wrapper or "none"
+def _era(fmt: str, wrapper: str) -> W.Era:
     if fmt not in W.ERAS:
         raise InputError(f"unknown log format {fmt!r}", hint=f"choose one of {', '.join(W.ERAS)}")
     if wrapper not in W.WRAPPERS:
@@ -225,107 +258,175 @@ def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrap
         raise InputError(f"router mode did not exist in the {fmt} build", hint="use --format era5 or era4-prefix")
     if wrapper == "ansi" and not era.prefix:
         raise InputError(f"the ansi wrapper needs a format with a log prefix, not {fmt}", hint="use --format era5")
-    size_b = parse_size(size) if isinstance(size, str) else size
+    return era
+
+
+@dataclass
+class _Plan:
+    """Everything fixed before the first byte is written: the simulation, its request frame, the layout."""
+    scenario: Scenario
+    sim: SimResult
+    df: pl.DataFrame
+    era: W.Era
+    fmt: str
+    wrapper: str
+    paths: dict[str, str]
+    logs_dir: Path
+    tiling: _Tiling
+    extras: dict[str, pl.DataFrame]
+    pids: dict[str, int]
+
+    def host(self, spec: Any) -> W.LogHost:
+        return W.LogHost(launched_at=self.scenario.started_at + timedelta(seconds=spec.launch_s),
+                         hostname=self.scenario.hostname, pid=self.pids[spec.name], port=spec.port)
+
+
+@dataclass
+class _Sink:
+    """The open log files and the ground truth file, and what has been written to them."""
+    handles: dict[str, BinaryIO]
+    truth: BinaryIO
+    written: dict[str, int]
+    manifests: list[Path] = field(default_factory=list)
+    attempts: list[Path] = field(default_factory=list)
+
+    def close(self) -> None:
+        for h in self.handles.values():
+            h.close()
+        self.truth.close()
+
+
+def _plan(scenario: Scenario, logs_dir: Path, era: W.Era, wrapper: str, seed: int, tiling: bool) -> _Plan:
+    builds = {s.name: (s.build or era.build) for s in scenario.servers}
+    sim = Simulator(scenario, builds, seed).simulate()
+    paths = _layout(scenario, tiling)
+    df = _request_frame(sim, scenario, paths, era)
+    extras = {n: pl.DataFrame(e, schema={"t": pl.Int64, "kind": pl.String, "task": pl.Int64, "status": pl.Int64})
+              for n, e in sim.extras.items()}
+    pids = {s.name: 2000 + 1000 * k + (seed % 997) for k, s in enumerate(scenario.servers)}
+    return _Plan(scenario=scenario, sim=sim, df=df, era=era, fmt=era.name, wrapper=wrapper, paths=paths,
+                 logs_dir=logs_dir, tiling=_tiling(sim, df, tiling), extras=extras, pids=pids)
+
+
+def _open(plan: _Plan, truth_path: Path) -> _Sink:
+    handles = {}
+    for spec in plan.scenario.servers:
+        p = plan.logs_dir / plan.paths[spec.name]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        handles[spec.name] = p.open("wb")
+    return _Sink(handles=handles, truth=truth_path.open("wb"), written=dict.fromkeys(handles, 0))
+
+
+def generate(scenario: Scenario, out_dir: str | Path, *, fmt: str = "era5", wrapper: str | None = None, seed: int = 0,
+             repeat: Repeat | None = None) -> GeneratedRun:
+    """Simulate ``scenario`` and write its logs, replay records and ground truth under ``out_dir``.
+
+    ``repeat`` writes the scenario's runs again and again (see ``Repeat``) until a request count or a log size
+    is reached.  Same seed, same arguments → byte-identical files.
+    """
+    wrapper = wrapper or "none"
+    repeat = repeat or Repeat()
+    era = _era(fmt, wrapper)
+    size_b = repeat.size_bytes
     out = Path(out_dir)
     logs_dir = out / "logs"
     truth_dir = out / "truth"
     logs_dir.mkdir(parents=True, exist_ok=True)
     truth_dir.mkdir(parents=True, exist_ok=True)
-    builds = {s.name: (s.build or era.build) for s in scenario.servers}
-    sim = Simulator(scenario, builds, seed).simulate()
-    tiling = requests is not None or size_b is not None
-    paths = _layout(scenario, tiling)
-    df = _request_frame(sim, scenario, paths, era)
-    span = (max((r["t_end"] for r in sim.runs), default=0) + 60_000_000) if tiling else 0
-    # per-server constants for tiling
-    task_off = {n: s.next_task + 100 for n, s in sim.servers.items()}
-    graphs_off = {n: max(int(s.steps) - s.rebuilds, 0) for n, s in sim.servers.items()}
-    seq_off = (df.group_by(["server", "slot"]).agg(pl.col("seq").max().alias("nseq")) if not df.is_empty()
-               else pl.DataFrame(schema={"server": pl.String, "slot": pl.Int64, "nseq": pl.Int64}))
-    extras = {n: pl.DataFrame(e, schema={"t": pl.Int64, "kind": pl.String, "task": pl.Int64, "status": pl.Int64})
-              for n, e in sim.extras.items()}
-
-    handles = {}
-    for spec in scenario.servers:
-        p = logs_dir / paths[spec.name]
-        p.parent.mkdir(parents=True, exist_ok=True)
-        handles[spec.name] = p.open("wb")
+    plan = _plan(scenario, logs_dir, era, wrapper, seed, repeat.tiling)
     truth_path = truth_dir / "requests.jsonl"
-    tfh = truth_path.open("wb")
-    written = {n: 0 for n in handles}
-    manifests: list[Path] = []
-    attempt_files: list[Path] = []
-    n_req = 0
-    first_truth = _truth(df, scenario) if not df.is_empty() else pl.DataFrame()
-    pids = {s.name: 2000 + 1000 * k + (seed % 997) for k, s in enumerate(scenario.servers)}
+    sink = _open(plan, truth_path)
+    first_truth = _truth(plan.df, scenario) if not plan.df.is_empty() else pl.DataFrame()
     try:
-        # banners
-        for spec in scenario.servers if first_tile == 0 else ():
-            info = _server_info(spec)
-            b = W.banner(fmt, info)
-            bl = pl.DataFrame({"t": [x[0] for x in b], "k": list(range(-len(b) - 1000, -1000)), "lvl": [x[1] for x in b],
-                               "body": [x[2] for x in b], "raw": [x[3] for x in b]},
-                              schema={"t": pl.Int64, "k": pl.Int64, "lvl": pl.String, "body": pl.String, "raw": pl.Boolean})
-            frames = [_finish(bl, era, wrapper, scenario, spec, pids[spec.name])]
-            if wrapper == "router":
-                frames.append(_router(pl.DataFrame(schema={"t_launch": pl.Int64, "ridx": pl.Int64}), info, era,
-                                      scenario, spec, pids[spec.name], head=True))
-            written[spec.name] += W.write_lines([_sort(frames)], handles[spec.name])
-        per_tile = max(len(df), 1)
-        i = first_tile
-        batch_tiles = 1
-        while True:
-            tiles = list(range(i, i + batch_tiles))
-            for name, spec in ((s.name, s) for s in scenario.servers):
-                part = df.filter(pl.col("server") == name)
-                ex = extras[name]
-                chunks, exs = [], []
-                for j in tiles:
-                    suffix = f"-{j:04d}" if tiling else ""
-                    chunks.append(_shift(part, j, span, task_off, seq_off, graphs_off, suffix))
-                    exs.append(ex.with_columns(pl.col("t") + j * span - int(spec.launch_s * 1e6),
-                                               pl.col("task") + j * task_off[name]))
-                blk = pl.concat(chunks) if chunks else part
-                blk = blk.with_columns(pl.int_range(pl.len()).alias("ridx"), pl.lit(0).alias("clock0").cast(pl.Int64))
-                blk = blk.with_columns((pl.col("ridx") * 0 + 912_000_000_000 + 7919 * pids[name]).alias("clock0"))
-                exb = pl.concat(exs).with_columns(pl.int_range(pl.len()).alias("eidx"))
-                lines = [x for x in W.request_lines(fmt, blk, spec.n_batch) if not x.is_empty()]
-                lines += [x for x in W.extra_lines(fmt, exb, era.http_path) if not x.is_empty()]
-                frames = [_finish(pl.concat(lines) if lines else W.empty_lines(), era, wrapper, scenario, spec,
-                                  pids[name])]
-                if wrapper == "router":
-                    frames.append(_router(blk, _server_info(spec), era, scenario, spec, pids[name], head=False))
-                written[name] += W.write_lines([_sort(frames)], handles[name])
-                if not blk.is_empty():
-                    tfh.write(_ndjson(_truth(blk, scenario)))
-            for j in tiles:
-                suffix = f"-{j:04d}" if tiling else ""
-                m, a = _write_records(sim, scenario, logs_dir, paths, suffix, j * span)
-                manifests += m
-                attempt_files += a
-            n_req += per_tile * len(tiles)
-            i += len(tiles)
-            total = sum(written.values())
-            if not tiling or df.is_empty():
-                break
-            if requests is not None and n_req >= requests:
-                break
-            if size_b is not None and total >= size_b:
-                break
-            # grow batches so each formatting call handles about 64 MB
-            per = total / max(i - first_tile, 1)
-            left = math.inf if size_b is None else (size_b - total) / per
-            if requests is not None:
-                left = min(left, (requests - n_req) / per_tile)
-            batch_tiles = int(max(1, min(math.ceil(left), max(1, (64 << 20) // max(per, 1)))))
+        if repeat.first_tile == 0:
+            _write_banners(plan, sink)
+        i, n_req = _write_all_tiles(plan, sink, repeat.first_tile, repeat.requests, size_b)
     finally:
-        for h in handles.values():
-            h.close()
-        tfh.close()
-    return GeneratedRun(out_dir=out, logs=[logs_dir / paths[s.name] for s in scenario.servers], manifests=manifests,
-                        attempts=attempt_files, truth_path=truth_path, truth=first_truth, requests=n_req,
-                        bytes_written=sum(written.values()), fmt=fmt, wrapper=wrapper,
-                        extra={"tiles_end": i, "requests_per_tile": len(df)})
+        sink.close()
+    return GeneratedRun(out_dir=out, logs=[logs_dir / plan.paths[s.name] for s in scenario.servers],
+                        manifests=sink.manifests, attempts=sink.attempts, truth_path=truth_path, truth=first_truth,
+                        requests=n_req, bytes_written=sum(sink.written.values()), fmt=fmt, wrapper=wrapper,
+                        extra={"tiles_end": i, "requests_per_tile": len(plan.df)})
+
+
+def _write_banners(plan: _Plan, sink: _Sink) -> None:
+    for spec in plan.scenario.servers:
+        info = _server_info(spec)
+        b = W.banner(plan.fmt, info)
+        bl = pl.DataFrame({"t": [x[0] for x in b], "k": list(range(-len(b) - 1000, -1000)), "lvl": [x[1] for x in b],
+                           "body": [x[2] for x in b], "raw": [x[3] for x in b]},
+                          schema={"t": pl.Int64, "k": pl.Int64, "lvl": pl.String, "body": pl.String, "raw": pl.Boolean})
+        host = plan.host(spec)
+        frames = [W.finish_lines(bl, plan.era, plan.wrapper, host)]
+        if plan.wrapper == "router":
+            frames.append(_router(pl.DataFrame(schema={"t_launch": pl.Int64, "ridx": pl.Int64}), info, plan.era,
+                                  host, head=True))
+        sink.written[spec.name] += W.write_lines([_sort(frames)], sink.handles[spec.name])
+
+
+def _write_all_tiles(plan: _Plan, sink: _Sink, first_tile: int, requests: int | None,
+                     size_b: int | None) -> tuple[int, int]:
+    """Write tiles in growing batches until the target is met; returns (next tile, requests written)."""
+    per_tile = max(len(plan.df), 1)
+    i = first_tile
+    n_req = 0
+    batch_tiles = 1
+    while True:
+        tiles = list(range(i, i + batch_tiles))
+        _write_tiles(plan, sink, tiles)
+        n_req += per_tile * len(tiles)
+        i += len(tiles)
+        total = sum(sink.written.values())
+        if not plan.tiling.on or plan.df.is_empty():
+            break
+        if requests is not None and n_req >= requests:
+            break
+        if size_b is not None and total >= size_b:
+            break
+        # grow batches so each formatting call handles about 64 MB
+        per = total / max(i - first_tile, 1)
+        left = math.inf if size_b is None else (size_b - total) / per
+        if requests is not None:
+            left = min(left, (requests - n_req) / per_tile)
+        batch_tiles = int(max(1, min(math.ceil(left), max(1, (64 << 20) // max(per, 1)))))
+    return i, n_req
+
+
+def _tile_block(plan: _Plan, spec: Any, tiles: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One server's requests and extra events for ``tiles``, shifted and numbered as one stretch of log."""
+    name, tiling = spec.name, plan.tiling
+    part = plan.df.filter(pl.col("server") == name)
+    ex = plan.extras[name]
+    chunks, exs = [], []
+    for j in tiles:
+        chunks.append(_shift(part, j, tiling))
+        exs.append(ex.with_columns(pl.col("t") + j * tiling.span - int(spec.launch_s * 1e6),
+                                   pl.col("task") + j * tiling.task_off[name]))
+    blk = pl.concat(chunks) if chunks else part
+    blk = blk.with_columns(pl.int_range(pl.len()).alias("ridx"), pl.lit(0).alias("clock0").cast(pl.Int64))
+    blk = blk.with_columns((pl.col("ridx") * 0 + 912_000_000_000 + 7919 * plan.pids[name]).alias("clock0"))
+    exb = pl.concat(exs).with_columns(pl.int_range(pl.len()).alias("eidx"))
+    return blk, exb
+
+
+def _write_tiles(plan: _Plan, sink: _Sink, tiles: list[int]) -> None:
+    for spec in plan.scenario.servers:
+        name = spec.name
+        blk, exb = _tile_block(plan, spec, tiles)
+        lines = [x for x in W.request_lines(plan.fmt, blk, spec.n_batch) if not x.is_empty()]
+        lines += [x for x in W.extra_lines(plan.fmt, exb, plan.era.http_path) if not x.is_empty()]
+        host = plan.host(spec)
+        frames = [W.finish_lines(pl.concat(lines) if lines else W.empty_lines(), plan.era, plan.wrapper, host)]
+        if plan.wrapper == "router":
+            frames.append(_router(blk, _server_info(spec), plan.era, host, head=False))
+        sink.written[name] += W.write_lines([_sort(frames)], sink.handles[name])
+        if not blk.is_empty():
+            sink.truth.write(_ndjson(_truth(blk, plan.scenario)))
+    for j in tiles:
+        m, a = _write_records(plan.sim, plan.scenario, plan.logs_dir, plan.paths, plan.tiling.suffix(j),
+                              j * plan.tiling.span)
+        sink.manifests += m
+        sink.attempts += a
 
 
 def _ndjson(df: pl.DataFrame) -> bytes:
@@ -341,24 +442,17 @@ def _sort(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames).sort(["t", "k"])
 
 
-def _finish(lines: pl.DataFrame, era: W.Era, wrapper: str, sc: Scenario, spec: Any, pid: int) -> pl.DataFrame:
-    return W.finish_lines(lines, era, wrapper, launched_at=sc.started_at + timedelta(seconds=spec.launch_s),
-                          hostname=sc.hostname, pid=pid, port=spec.port)
-
-
 ROUTER_SPAWN_US = 20_110_580
 
 
-def _router(blk: pl.DataFrame, info: dict[str, object], era: W.Era, sc: Scenario, spec: Any, pid: int,  # noqa: PLR0913
-            head: bool) -> pl.DataFrame:
+def _router(blk: pl.DataFrame, info: dict[str, object], era: W.Era, host: W.LogHost, head: bool) -> pl.DataFrame:
     r = W.router_lines(blk, info, ROUTER_SPAWN_US)
     r = r.filter(pl.col("k") < -1) if head else r.filter(pl.col("k") >= -1)
-    return W.finish_lines(r, era, "none", launched_at=sc.started_at + timedelta(seconds=spec.launch_s),
-                          hostname=sc.hostname, pid=pid, port=spec.port, ts_shift_us=ROUTER_SPAWN_US)
+    return W.finish_lines(r, era, "none", replace(host, ts_shift_us=ROUTER_SPAWN_US))
 
 
 def with_build(scenario: Scenario, build: int) -> Scenario:
     return replace(scenario, servers=tuple(replace(s, build=build) for s in scenario.servers))
 
 
-__all__ = ["TRUTH_COLUMNS", "GeneratedRun", "datetime", "generate", "parse_size", "with_build"]
+__all__ = ["TRUTH_COLUMNS", "GeneratedRun", "Repeat", "datetime", "generate", "parse_size", "with_build"]

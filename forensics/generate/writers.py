@@ -350,9 +350,19 @@ def extra_lines(era: str, extras: pl.DataFrame, http_path: str) -> list[pl.DataF
 LEVEL_COLOR = {"I": "\x1b[32mI \x1b[0m", "W": "\x1b[35mW ", "E": "\x1b[31mE ", "D": "\x1b[33mD "}
 
 
-def finish_lines(lines: pl.DataFrame, era: Era, wrapper: str, *, launched_at: datetime, hostname: str, pid: int,  # noqa: PLR0913
-                 port: int, ts_shift_us: int = 0) -> pl.DataFrame:
+@dataclass(frozen=True)
+class LogHost:
+    """What a server's prefix and wrapper print besides the body: its launch time, host, pid and port."""
+    launched_at: datetime
+    hostname: str
+    pid: int
+    port: int
+    ts_shift_us: int = 0  # the router's own clock started this much later than the server's
+
+
+def finish_lines(lines: pl.DataFrame, era: Era, wrapper: str, host: LogHost) -> pl.DataFrame:
     """Sorted rows → one ``line`` column with the era's prefix and the wrapper applied."""
+    ts_shift_us = host.ts_shift_us
     lines = lines.sort(["t", "k"])
     body = C("body")
     if era.prefix:
@@ -368,14 +378,14 @@ def finish_lines(lines: pl.DataFrame, era: Era, wrapper: str, *, launched_at: da
     elif wrapper == "ansi":
         raise InputError(f"the ansi wrapper needs a format with a log prefix, not {era.name}",
                          hint="use --format era5 or era4-prefix")
-    abs_t = pl.lit(launched_at).dt.replace_time_zone(None) + pl.duration(microseconds=C("t"))
+    abs_t = pl.lit(host.launched_at).dt.replace_time_zone(None) + pl.duration(microseconds=C("t"))
     if wrapper == "journald":
-        body = pl.format("{} {} llama-server[{}]: {}", abs_t.dt.strftime("%b %d %H:%M:%S"), pl.lit(hostname),
-                         pl.lit(pid), body)
+        body = pl.format("{} {} llama-server[{}]: {}", abs_t.dt.strftime("%b %d %H:%M:%S"), pl.lit(host.hostname),
+                         pl.lit(host.pid), body)
     elif wrapper == "docker":
         body = pl.format("{} {}", abs_t.dt.strftime("%Y-%m-%dT%H:%M:%S.%9fZ"), body)
     elif wrapper == "router":
-        body = pl.format("[{}] {}", pl.lit(f"{port:5d}"), body)
+        body = pl.format("[{}] {}", pl.lit(f"{host.port:5d}"), body)
     return lines.select(C("t"), C("k"), body.alias("line"))
 
 
