@@ -12,7 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES, MAX_PARAMS = 80, 6
 
 STILL_TOO_BIG = {
-    "forensics/generate/simulate.py::simulate_run",
     "forensics/ingest.py::ingest", "forensics/repetition.py::analyze",
     "parsers/assemble.py::inherit_slots", "parsers/assemble.py::partial_requests",
 }

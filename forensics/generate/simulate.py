@@ -328,136 +328,163 @@ class Simulator:
         return SimResult(self.requests, self.attempts, {n: s.extras for n, s in self.servers.items()},
                          self.runs, self.servers)
 
-    def simulate_run(self, run: Run, t0: int) -> int:  # noqa: C901, PLR0915
-        rng = self.rng
+    def simulate_run(self, run: Run, t0: int) -> int:
+        """Drive ``run`` from ``t0`` until the event queue is empty; returns when its last attempt ended."""
         f = run.faults
-        todo = deque(run.items)
-        runaway = set(f.runaways)
-        ctx_err = set(f.context_errors)
-        killed_at = t0 + _us(f.watchdog_s * 1000.0) if f.watchdog_s is not None else None
-        if killed_at is not None:
-            self.push(killed_at, "kill", run.run_id)
-        inflight: dict[int, Req] = {}
-        state: dict[int, list[Any]] = {}  # worker -> [item, stage_idx, attempt]
-        n_req = len(self.attempts)
-        killed = False
-        t_last = t0
-
-        def send(w: int, t: int) -> None:
-            nonlocal n_req
-            item, si, att = state[w]
-            stage = run.stages[si]
-            srv_name = run.servers[(att - 1) % len(run.servers)]
-            pm = run.prompt_tokens[si % len(run.prompt_tokens)]
-            r = Req(idx=n_req, run=run.run_id, item=item, stage=stage, stage_idx=si, attempt=att, server=srv_name,
-                    worker=w, t_send=t, prompt=max(8, round(pm * math.exp(rng.gauss(0.0, 0.15)))),
-                    gen_mean=run.gen_tokens[si % len(run.gen_tokens)], max_tokens=run.max_tokens)
-            n_req += 1
-            r.runaway = (item, stage) in runaway or (f.runaway_rate > 0 and rng.random() < f.runaway_rate)
-            r.context_error = (item, stage) in ctx_err or (f.context_error_rate > 0 and rng.random() < f.context_error_rate)
-            if r.context_error:
-                r.prompt = self.sc.server(srv_name).n_ctx_slot + 200 + rng.randrange(0, 2000)
-            r.parse_error = f.parse_error_rate > 0 and rng.random() < f.parse_error_rate
-            r.http_500 = f.http_500_rate > 0 and rng.random() < f.http_500_rate
-            inflight[w] = r
-            self.push(t, "send", r)
-            self.push(t + _us(run.timeout_s * 1000.0), "timeout", r)
-
-        def next_job(w: int, t: int) -> None:
-            if killed:
-                return
-            if todo:
-                state[w] = [todo.popleft(), 0, 1]
-                send(w, t)
-
-        def finish_attempt(r: Req, t: int, outcome: str, status: int | None, error: str | None) -> None:
-            nonlocal t_last
-            inflight.pop(r.worker, None)
-            t_last = max(t_last, t)
-            responded = status is not None and r.slot is not None and r.state == "done" and r.cancel_kind is None
-            has_timings = responded and status == 200
-            self.attempts.append({
-                "run_id": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt, "server": r.server,
-                "t_send": r.t_send, "t_end": t, "http_status": status, "error": error, "outcome": outcome,
-                "id_slot": r.slot if responded else None,
-                "tokens_evaluated": r.prompt_logged if has_timings else None,
-                "tokens_predicted": r.gen if has_timings else None,
-                "stop_type": ({"context": "limit"}.get(r.stop_reason, r.stop_reason) if has_timings else None),
-                "truncated": r.truncated if has_timings else None,
-                "prompt_n": (r.prompt_logged - r.cached) if has_timings else None,
-                "prompt_ms": ((r.t_pdone - r.t_launch) / 1000.0) if has_timings else None,
-                "predicted_n": r.gen if has_timings else None,
-                "predicted_ms": ((r.t_end - r.t_pdone) / 1000.0) if has_timings else None,
-                "output_chars": int(r.gen * 3.7) if has_timings else None,
-                "max_tokens": r.max_tokens,
-            })
-            w = r.worker
-            if killed:
-                return
-            item, si, att = state[w]
-            gap = _us(self.cost.client_gap_ms * self.jit())
-            if outcome == "ok":
-                if si + 1 < len(run.stages):
-                    state[w] = [item, si + 1, 1]
-                    send(w, t + gap)
-                else:
-                    next_job(w, t + gap)
-            elif att < run.max_attempts:
-                state[w] = [item, si, att + 1]
-                send(w, t + gap + _us(run.retry_backoff_s * 1000.0))
-            else:
-                next_job(w, t + gap)
-
+        client = _RunClient(self, run, t0)
+        if f.watchdog_s is not None:
+            self.push(t0 + _us(f.watchdog_s * 1000.0), "kill", run.run_id)
         for w in range(run.concurrency):
-            next_job(w, t0 + w * 20_000 + rng.randrange(0, 5000))
-
+            client.next_job(w, t0 + w * 20_000 + self.rng.randrange(0, 5000))
         while self.heap:
             t, _, kind, obj, ver = heapq.heappop(self.heap)
-            if kind == "send":
-                r = obj
-                if killed:
-                    continue
-                srv = self.servers[r.server]
-                if r.http_500:
-                    srv.extras.append({"t": t + 1500, "kind": "exception", "status": 500})
-                    r.state = "done"
-                    finish_attempt(r, t + 2500, "failed", 500,
-                                   'HTTP 500: {"error":{"code":500,"message":"Failed to parse messages","type":"server_error"}}')
-                else:
-                    self.arrive(srv, r, t)
-            elif kind == "pdone":
-                self.pdone(obj[0], obj[1], t)
-            elif kind == "gdone":
-                self.gdone(obj[0], obj[1], t, ver)
-            elif kind == "resp":
-                r = obj
-                if killed or inflight.get(r.worker) is not r:
-                    continue
-                if r.http_status != 200:
-                    finish_attempt(r, t, "failed", r.http_status, f"HTTP {r.http_status}: {r.error}")
-                elif r.runaway or r.dead_mode == "one_token" or r.parse_error:
-                    finish_attempt(r, t, "parse_error", 200, "output is not valid JSON")
-                else:
-                    finish_attempt(r, t, "ok", 200, None)
-            elif kind == "timeout":
-                r = obj
-                if killed or inflight.get(r.worker) is not r or r.state == "done":
-                    continue
-                self.cancel(self.servers[r.server], r, t, "timeout")
-                finish_attempt(r, t, "timeout", None, f"timed out after {run.timeout_s:g} s")
-            elif kind == "kill":
-                if not inflight and not todo:
-                    continue
-                killed = True
-                for r in list(inflight.values()):
-                    if r.state != "done":
-                        self.cancel(self.servers[r.server], r, t, "killed")
-                    finish_attempt(r, t, "cancelled", None, "harness killed by the watchdog")
-                t_last = t
-        ended_how = "killed" if killed else "completed"
+            client.handle(kind, obj, t, ver)
+        killed, t_last = client.killed, client.t_last
         self.runs.append({
-            "run": run, "t_start": t0, "t_end": t_last, "ended_how": ended_how,
+            "run": run, "t_start": t0, "t_end": t_last, "ended_how": "killed" if killed else "completed",
             "ended_detail": (f"killed by a watchdog after {f.watchdog_s:g} s" if killed else "all items processed"),
             "after_s": (t_last - t0) / 1e6,
         })
         return t_last
+
+
+HTTP_500_ERROR = 'HTTP 500: {"error":{"code":500,"message":"Failed to parse messages","type":"server_error"}}'
+
+
+class _RunClient:
+    """The replay harness of one run: each worker takes an item, sends its stages in turn, retries a failed
+    attempt up to ``max_attempts`` and takes the next item; a watchdog kill stops everything in flight."""
+
+    def __init__(self, sim: Simulator, run: Run, t0: int) -> None:
+        self.sim, self.run, self.rng = sim, run, sim.rng
+        self.todo = deque(run.items)
+        self.runaway = set(run.faults.runaways)
+        self.ctx_err = set(run.faults.context_errors)
+        self.inflight: dict[int, Req] = {}
+        self.state: dict[int, list[Any]] = {}  # worker -> [item, stage_idx, attempt]
+        self.n_req = len(sim.attempts)
+        self.killed = False
+        self.t_last = t0
+
+    def send(self, w: int, t: int) -> None:
+        run, f, rng, sim = self.run, self.run.faults, self.rng, self.sim
+        item, si, att = self.state[w]
+        stage = run.stages[si]
+        srv_name = run.servers[(att - 1) % len(run.servers)]
+        pm = run.prompt_tokens[si % len(run.prompt_tokens)]
+        r = Req(idx=self.n_req, run=run.run_id, item=item, stage=stage, stage_idx=si, attempt=att, server=srv_name,
+                worker=w, t_send=t, prompt=max(8, round(pm * math.exp(rng.gauss(0.0, 0.15)))),
+                gen_mean=run.gen_tokens[si % len(run.gen_tokens)], max_tokens=run.max_tokens)
+        self.n_req += 1
+        r.runaway = (item, stage) in self.runaway or (f.runaway_rate > 0 and rng.random() < f.runaway_rate)
+        r.context_error = ((item, stage) in self.ctx_err
+                           or (f.context_error_rate > 0 and rng.random() < f.context_error_rate))
+        if r.context_error:
+            r.prompt = sim.sc.server(srv_name).n_ctx_slot + 200 + rng.randrange(0, 2000)
+        r.parse_error = f.parse_error_rate > 0 and rng.random() < f.parse_error_rate
+        r.http_500 = f.http_500_rate > 0 and rng.random() < f.http_500_rate
+        self.inflight[w] = r
+        sim.push(t, "send", r)
+        sim.push(t + _us(run.timeout_s * 1000.0), "timeout", r)
+
+    def next_job(self, w: int, t: int) -> None:
+        if self.killed:
+            return
+        if self.todo:
+            self.state[w] = [self.todo.popleft(), 0, 1]
+            self.send(w, t)
+
+    def record_attempt(self, r: Req, t: int, outcome: str, status: int | None, error: str | None) -> None:
+        """The harness's line for one HTTP request (attempts.jsonl)."""
+        responded = status is not None and r.slot is not None and r.state == "done" and r.cancel_kind is None
+        has_timings = responded and status == 200
+        self.sim.attempts.append({
+            "run_id": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt, "server": r.server,
+            "t_send": r.t_send, "t_end": t, "http_status": status, "error": error, "outcome": outcome,
+            "id_slot": r.slot if responded else None,
+            "tokens_evaluated": r.prompt_logged if has_timings else None,
+            "tokens_predicted": r.gen if has_timings else None,
+            "stop_type": ({"context": "limit"}.get(r.stop_reason, r.stop_reason) if has_timings else None),
+            "truncated": r.truncated if has_timings else None,
+            "prompt_n": (r.prompt_logged - r.cached) if has_timings else None,
+            "prompt_ms": ((r.t_pdone - r.t_launch) / 1000.0) if has_timings else None,
+            "predicted_n": r.gen if has_timings else None,
+            "predicted_ms": ((r.t_end - r.t_pdone) / 1000.0) if has_timings else None,
+            "output_chars": int(r.gen * 3.7) if has_timings else None,
+            "max_tokens": r.max_tokens,
+        })
+
+    def finish_attempt(self, r: Req, t: int, outcome: str, status: int | None, error: str | None) -> None:
+        """Record the attempt, then the worker moves on: next stage, a retry, or the next item."""
+        run = self.run
+        self.inflight.pop(r.worker, None)
+        self.t_last = max(self.t_last, t)
+        self.record_attempt(r, t, outcome, status, error)
+        w = r.worker
+        if self.killed:
+            return
+        item, si, att = self.state[w]
+        gap = _us(self.sim.cost.client_gap_ms * self.sim.jit())
+        if outcome == "ok":
+            if si + 1 < len(run.stages):
+                self.state[w] = [item, si + 1, 1]
+                self.send(w, t + gap)
+            else:
+                self.next_job(w, t + gap)
+        elif att < run.max_attempts:
+            self.state[w] = [item, si, att + 1]
+            self.send(w, t + gap + _us(run.retry_backoff_s * 1000.0))
+        else:
+            self.next_job(w, t + gap)
+
+    def handle(self, kind: str, obj: Any, t: int, ver: int) -> None:
+        """One event from the simulator's queue."""
+        if kind == "send":
+            self.on_send(obj, t)
+        elif kind == "pdone":
+            self.sim.pdone(obj[0], obj[1], t)
+        elif kind == "gdone":
+            self.sim.gdone(obj[0], obj[1], t, ver)
+        elif kind == "resp":
+            self.on_response(obj, t)
+        elif kind == "timeout":
+            self.on_timeout(obj, t)
+        elif kind == "kill":
+            self.on_kill(t)
+
+    def on_send(self, r: Req, t: int) -> None:
+        if self.killed:
+            return
+        srv = self.sim.servers[r.server]
+        if r.http_500:
+            srv.extras.append({"t": t + 1500, "kind": "exception", "status": 500})
+            r.state = "done"
+            self.finish_attempt(r, t + 2500, "failed", 500, HTTP_500_ERROR)
+        else:
+            self.sim.arrive(srv, r, t)
+
+    def on_response(self, r: Req, t: int) -> None:
+        if self.killed or self.inflight.get(r.worker) is not r:
+            return
+        if r.http_status != 200:
+            self.finish_attempt(r, t, "failed", r.http_status, f"HTTP {r.http_status}: {r.error}")
+        elif r.runaway or r.dead_mode == "one_token" or r.parse_error:
+            self.finish_attempt(r, t, "parse_error", 200, "output is not valid JSON")
+        else:
+            self.finish_attempt(r, t, "ok", 200, None)
+
+    def on_timeout(self, r: Req, t: int) -> None:
+        if self.killed or self.inflight.get(r.worker) is not r or r.state == "done":
+            return
+        self.sim.cancel(self.sim.servers[r.server], r, t, "timeout")
+        self.finish_attempt(r, t, "timeout", None, f"timed out after {self.run.timeout_s:g} s")
+
+    def on_kill(self, t: int) -> None:
+        if not self.inflight and not self.todo:
+            return
+        self.killed = True
+        for r in list(self.inflight.values()):
+            if r.state != "done":
+                self.sim.cancel(self.sim.servers[r.server], r, t, "killed")
+            self.finish_attempt(r, t, "cancelled", None, "harness killed by the watchdog")
+        self.t_last = t
