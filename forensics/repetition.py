@@ -91,19 +91,31 @@ def distinct_n(tokens: list[str], n: int) -> float | None:
     return len(set(grams)) / len(grams)
 
 
-def analyze(text: str | None, *, min_repeats: int = MIN_REPEATS, min_block: int = MIN_BLOCK,  # noqa: PLR0913
-            min_chars: int = MIN_CHARS, min_coverage: float = MIN_COVERAGE, min_words: int = MIN_WORDS,
-            max_distinct3: float = MAX_DISTINCT3) -> Repetition:
+@dataclass(frozen=True)
+class DegenerateRule:
+    """The thresholds of the degenerate rule (see the module docstring)."""
+    min_repeats: int = MIN_REPEATS
+    min_block: int = MIN_BLOCK
+    min_chars: int = MIN_CHARS
+    min_coverage: float = MIN_COVERAGE
+    min_words: int = MIN_WORDS
+    max_distinct3: float = MAX_DISTINCT3
+
+
+DEFAULT_RULE = DegenerateRule()
+
+
+def analyze(text: str | None, rule: DegenerateRule = DEFAULT_RULE) -> Repetition:
     """The repetition score of one output text (see the module docstring for the rule)."""
     text = text or ""
-    period, repeats = tail_period(text, min_repeats=min_repeats)
+    period, repeats = tail_period(text, min_repeats=rule.min_repeats)
     covered = period * repeats
     coverage = covered / len(text) if text else 0.0
     tokens = WORD.findall(text)
     d = [distinct_n(tokens, k) for k in (1, 2, 3)]
-    looping = (period >= min_block and repeats >= min_repeats and covered >= min_chars
-               and coverage >= min_coverage)
-    flat = len(tokens) >= min_words and d[2] is not None and d[2] < max_distinct3
+    looping = (period >= rule.min_block and repeats >= rule.min_repeats and covered >= rule.min_chars
+               and coverage >= rule.min_coverage)
+    flat = len(tokens) >= rule.min_words and d[2] is not None and d[2] < rule.max_distinct3
     block = text[len(text) - period:] if period else ""
     return Repetition(period, repeats, block[:80], round(coverage, 4), *d, degenerate=bool(looping or flat))
 
@@ -114,9 +126,9 @@ REPETITION_SCHEMA = {
 }
 
 
-def score_texts(df: pl.DataFrame, column: str = "output_text", **rule: float) -> pl.DataFrame:
+def score_texts(df: pl.DataFrame, column: str = "output_text", rule: DegenerateRule = DEFAULT_RULE) -> pl.DataFrame:
     """``df`` with the Repetition fields added for its ``column`` (rows without text get nulls)."""
-    rows = [asdict(analyze(t, **rule)) if t is not None else dict.fromkeys(REPETITION_SCHEMA)  # type: ignore[arg-type]
+    rows = [asdict(analyze(t, rule)) if t is not None else dict.fromkeys(REPETITION_SCHEMA)
             for t in df[column].to_list()]
     extra = pl.DataFrame(rows, schema=REPETITION_SCHEMA, orient="row")
     return pl.concat([df, extra], how="horizontal")
