@@ -125,6 +125,17 @@ def running_tasks(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     return out
 
 
+@dataclass
+class _LineArrays:
+    """One chunk's kind, slot, task, line number and instance as numpy arrays; slot and task are float with NaN
+    for missing so they can be filled in place."""
+    kinds: np.ndarray
+    slot: np.ndarray
+    task: np.ndarray
+    line: np.ndarray
+    inst: np.ndarray
+
+
 def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
     """Fill slot/task on lines that do not carry them.
 
@@ -150,66 +161,87 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     headers = {*inheritors.values(), *next_inh.values()}
     if not missing.any() and not ev["kind"].is_in(list(headers)).any():
         return ev  # e.g. era 5: every line carries its slot and task, and no header state to carry
-    kinds = ev["kind"].to_numpy()
-    slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
-    task = ev["task"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
-    line = ev["line_no"].to_numpy()
-    synth = np.isin(kinds, synth_kinds) & np.isnan(slot)
-    slot[synth] = 0
-    task[synth] = line[synth]
+    la = _line_arrays(ev)
+    synth = np.isin(la.kinds, synth_kinds) & np.isnan(la.slot)
+    la.slot[synth] = 0
+    la.task[synth] = la.line[synth]
     keys = ev["ikey"].to_numpy()
-    inst = ev["instance_no"].to_numpy() if "instance_no" in ev.columns else np.zeros(ev.height, dtype=np.int64)
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
         for header in set(inheritors.values()):
             takers = [k for k, h in inheritors.items() if h == header]
-            is_hdr = kinds[idx] == header
-            # same slot, no task: the task of the latest header on that slot (loop over those rows only)
-            k_idx = kinds[idx]
-            wants = np.isin(k_idx, takers) & ~np.isnan(slot[idx]) & np.isnan(task[idx])
-            full_hdr = is_hdr & ~np.isnan(slot[idx]) & ~np.isnan(task[idx])
-            if wants.any():
-                for j in idx[wants | full_hdr]:
-                    if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
-                        st.slot_task[str(int(slot[j]))] = int(task[j])
-                    elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
-                        # a slot whose start line the log does not have (cut above): its line number is the
-                        # task, a join key only (as in era 1)
-                        task[j] = st.slot_task.setdefault(str(int(slot[j])), int(line[j]))
-            elif full_hdr.any():  # nothing to fill here, but a later chunk's lines may need these slots' tasks
-                hs, ht = slot[idx][full_hdr][::-1], task[idx][full_hdr][::-1]
-                _, first = np.unique(hs, return_index=True)  # first in reverse: each slot's latest header
-                for i in first:
-                    st.slot_task[str(int(hs[i]))] = int(ht[i])
-            # no slot: slot and task of the latest header
-            hs = np.where(is_hdr, slot[idx], np.nan)
-            ht = np.where(is_hdr, task[idx], np.nan)
-            prev = st.hdr.get(header, [np.nan, np.nan])
-            hs = np.concatenate([[prev[0]], hs])
-            ht = np.concatenate([[prev[1]], ht])
-            hs, ht = pd_ffill(hs)[1:], pd_ffill(ht)[1:]
-            n = np.isin(kinds[idx], takers) & np.isnan(slot[idx])
-            slot[idx[n]] = hs[n]
-            task[idx[n]] = ht[n]
-            if len(hs) and not np.isnan(hs[-1]) and not np.isnan(ht[-1]):
-                st.hdr[header] = [int(hs[-1]), int(ht[-1])]
+            _inherit_task_of_slot(la, idx, st, header, takers)
+            _inherit_latest_header(la, idx, st, header, takers)
         for header in set(next_inh.values()):
-            takers = [k for k, h in next_inh.items() if h == header]
-            # backward fill from the next header line of the same instance
-            for inst_no in np.unique(inst[idx]):
-                sub = idx[inst[idx] == inst_no]
-                is_hdr = kinds[sub] == header
-                hs = np.where(is_hdr, slot[sub], np.nan)[::-1]
-                ht = np.where(is_hdr, task[sub], np.nan)[::-1]
-                hs, ht = pd_ffill(hs)[::-1], pd_ffill(ht)[::-1]
-                n = np.isin(kinds[sub], takers) & np.isnan(slot[sub])
-                slot[sub[n]] = hs[n]
-                task[sub[n]] = ht[n]
+            _inherit_next_header(la, idx, header, [k for k, h in next_inh.items() if h == header])
     return ev.with_columns(
-        pl.Series("slot", slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
-        pl.Series("task", task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+        pl.Series("slot", la.slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+        pl.Series("task", la.task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
     )
+
+
+def _line_arrays(ev: pl.DataFrame) -> _LineArrays:
+    return _LineArrays(
+        kinds=ev["kind"].to_numpy(),
+        slot=ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy(),
+        task=ev["task"].cast(pl.Float64).fill_null(np.nan).to_numpy().copy(),
+        line=ev["line_no"].to_numpy(),
+        inst=ev["instance_no"].to_numpy() if "instance_no" in ev.columns else np.zeros(ev.height, dtype=np.int64),
+    )
+
+
+def _inherit_task_of_slot(la: _LineArrays, idx: np.ndarray, st: KeyState, header: str, takers: list[str]) -> None:
+    """A taker with a slot but no task gets the task of the latest ``header`` line on that slot."""
+    kinds, slot, task, line = la.kinds, la.slot, la.task, la.line
+    is_hdr = kinds[idx] == header
+    # loop over the rows that want a task or set one only
+    wants = np.isin(kinds[idx], takers) & ~np.isnan(slot[idx]) & np.isnan(task[idx])
+    full_hdr = is_hdr & ~np.isnan(slot[idx]) & ~np.isnan(task[idx])
+    if wants.any():
+        for j in idx[wants | full_hdr]:
+            if kinds[j] == header and not np.isnan(slot[j]) and not np.isnan(task[j]):
+                st.slot_task[str(int(slot[j]))] = int(task[j])
+            elif kinds[j] in takers and not np.isnan(slot[j]) and np.isnan(task[j]):
+                # a slot whose start line the log does not have (cut above): its line number is the
+                # task, a join key only (as in era 1)
+                task[j] = st.slot_task.setdefault(str(int(slot[j])), int(line[j]))
+    elif full_hdr.any():  # nothing to fill here, but a later chunk's lines may need these slots' tasks
+        hs, ht = slot[idx][full_hdr][::-1], task[idx][full_hdr][::-1]
+        _, first = np.unique(hs, return_index=True)  # first in reverse: each slot's latest header
+        for i in first:
+            st.slot_task[str(int(hs[i]))] = int(ht[i])
+
+
+def _inherit_latest_header(la: _LineArrays, idx: np.ndarray, st: KeyState, header: str, takers: list[str]) -> None:
+    """A taker without a slot gets slot and task of the latest ``header`` line (carried over chunks in ``st``)."""
+    kinds, slot, task = la.kinds, la.slot, la.task
+    is_hdr = kinds[idx] == header
+    hs = np.where(is_hdr, slot[idx], np.nan)
+    ht = np.where(is_hdr, task[idx], np.nan)
+    prev = st.hdr.get(header, [np.nan, np.nan])
+    hs = np.concatenate([[prev[0]], hs])
+    ht = np.concatenate([[prev[1]], ht])
+    hs, ht = pd_ffill(hs)[1:], pd_ffill(ht)[1:]
+    n = np.isin(kinds[idx], takers) & np.isnan(slot[idx])
+    slot[idx[n]] = hs[n]
+    task[idx[n]] = ht[n]
+    if len(hs) and not np.isnan(hs[-1]) and not np.isnan(ht[-1]):
+        st.hdr[header] = [int(hs[-1]), int(ht[-1])]
+
+
+def _inherit_next_header(la: _LineArrays, idx: np.ndarray, header: str, takers: list[str]) -> None:
+    """A taker without a slot gets slot and task of the next ``header`` line of the same instance."""
+    kinds, slot, task, inst = la.kinds, la.slot, la.task, la.inst
+    for inst_no in np.unique(inst[idx]):
+        sub = idx[inst[idx] == inst_no]
+        is_hdr = kinds[sub] == header
+        hs = np.where(is_hdr, slot[sub], np.nan)[::-1]
+        ht = np.where(is_hdr, task[sub], np.nan)[::-1]
+        hs, ht = pd_ffill(hs)[::-1], pd_ffill(ht)[::-1]
+        n = np.isin(kinds[sub], takers) & np.isnan(slot[sub])
+        slot[sub[n]] = hs[n]
+        task[sub[n]] = ht[n]
 
 
 def waiting_tail(ev: pl.DataFrame, fmt: Format, state: AssembleState, limit: int = 5000) -> int | None:
@@ -250,17 +282,21 @@ def _first(kind: str | tuple[str, ...], col: str) -> pl.Expr:
     return pl.col(col).filter(pl.col("kind").is_in(kinds)).drop_nulls().first()
 
 
+# The event columns a chunk's requests are aggregated from (absent ones are added as nulls).
+REQUEST_FIELDS = {
+    "slot": pl.Int64, "task": pl.Int64, "elapsed_s": pl.Float64, "abs_time": pl.Datetime("us", "UTC"),
+    "prompt_tokens": pl.Int64, "p0": pl.Int64, "n_ctx_slot": pl.Int64, "ms": pl.Float64,
+    "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
+    "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
+    "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
+    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64}
+
+
 def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Aggregate one chunk's events into partial request rows, and pick out its HTTP lines."""
     if ev.height == 0:
         return pl.DataFrame(), pl.DataFrame()
-    need = {"slot": pl.Int64, "task": pl.Int64, "elapsed_s": pl.Float64, "abs_time": pl.Datetime("us", "UTC"),
-            "prompt_tokens": pl.Int64, "p0": pl.Int64, "n_ctx_slot": pl.Int64, "ms": pl.Float64,
-            "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
-            "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
-            "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-            "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64}
-    ev = ev.with_columns([_col(ev, k, t).cast(t) for k, t in need.items()])
+    ev = ev.with_columns([_col(ev, k, t).cast(t) for k, t in REQUEST_FIELDS.items()])
     role = Roles(fmt)
     http = ev.filter(pl.col("kind").is_in(role("http"))).select(
         "ikey", "instance_no", "line_no", "method", "http_path", "status", "elapsed_s", "abs_time")
@@ -268,14 +304,19 @@ def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.Da
     if req.height == 0:
         return pl.DataFrame(), http
     # Task-only lines (errors, cancels) have no slot yet: key them by task, slot filled at the end.
-    # Each field is first masked to the kinds that carry it, then reduced with a plain min/max (one value per
-    # request in practice): much cheaper than a filtered aggregation per group.
+    return _aggregate_requests(_mask_fields(req, role)), http
+
+
+def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
+    """Each field masked to the kinds of line that carry it (``_``-prefixed columns), so that a plain min/max
+    per request reduces it (one value per request in practice): much cheaper than a filtered aggregation per
+    group."""
     k = pl.col("kind")
 
     def only(kinds: tuple[str, ...], col: str) -> pl.Expr:
         return pl.when(k.is_in(kinds)).then(pl.col(col))
 
-    req = req.with_columns(
+    return req.with_columns(
         only(role("start"), "line_no").alias("_start"),
         # era 1 runs one request at a time: its HTTP line may sit inside its timing block
         only(role("release", "timing_total", "synth_start"), "line_no").alias("_close"),
@@ -302,7 +343,11 @@ def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.Da
         k.is_in(role("timing_total")).alias("_tim"),  # the last line of a timing block
         k.is_in(role("synth_start")).alias("_synth"),
     )
-    part = req.group_by(["ikey", "instance_no", "slot", "task"]).agg(
+
+
+def _aggregate_requests(req: pl.DataFrame) -> pl.DataFrame:
+    """One partial row per (instance, slot, task) of the chunk from its masked lines."""
+    return req.group_by(["ikey", "instance_no", "slot", "task"]).agg(
         pl.col("line_no").min().alias("line_first"),
         pl.col("line_no").max().alias("line_last"),
         pl.col("_start").min().alias("start_line"),
@@ -335,7 +380,6 @@ def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.Da
         pl.col("_tim").any().alias("has_timings"),
         pl.col("_synth").any().alias("synthetic"),
     )
-    return part, http
 
 
 def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
