@@ -875,12 +875,13 @@ def check_tz(tz: str) -> str:
     return tz
 
 
-def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: str | None = None,  # noqa: PLR0913, PLR0915
-           started_at: datetime | None = None, keep_going: bool = False, mapping: Path | str | None = None,
-           tz: str = "UTC",
+def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = None, *,
            progress: Callable[[Progress], None] | None = None, on_wait: Callable[[], None] | None = None,
            ) -> IngestResult:
-    """Ingest files and folders into the store at ``store_path`` (created if missing)."""
+    """Ingest files and folders into the store at ``store_path`` (created if missing), read as ``options``
+    say (the defaults: runs from the folders, formats detected, UTC)."""
+    options = options or IngestOptions()
+    mapping, keep_going = options.mapping, options.keep_going
     files, hidden = discover(paths)
     inside = store_path.resolve()
     files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
@@ -895,39 +896,13 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
-        ing = Ingestor(store, IngestOptions(run, fmt, started_at, keep_going, mapping, tz), progress)
+        ing = Ingestor(store, replace(options, mapping=mapping), progress)
         ing.loaded_mapping = loaded
         files = _skip_duplicates(ing, files)
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
-        sizes = [f.stat().st_size for f, _ in files]
-        total = sum(sizes)
-        ing.at = Progress(files_total=len(files), bytes_total=total)
-        done = [0]
-        for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
-            ing.tick(done[0])
-            point = ing.txn.savepoint()
-            meta_before = ing.files_meta.get(file_id_of(path))
-            try:
-                with bug_boundary(path=str(path)):
-                    ing.ingest_file(path, root, done)
-            except ForensicsError as exc:
-                if isinstance(exc, InternalError):
-                    exc.line = exc.line or ing.at_line
-                    ing.result.bugs += 1
-                    if os.environ.get("FORENSICS_DEBUG"):  # --debug: the traceback of each file's bug
-                        traceback.print_exception(exc.__cause__ or exc)
-                # the other files still load: undo this file's partial work and go on
-                ing.txn.rollback_to(point)
-                if meta_before is None:
-                    ing.files_meta.pop(file_id_of(path), None)
-                else:
-                    ing.files_meta[file_id_of(path)] = meta_before
-                ing.result.errors.append(exc.one_line())
-                ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
-            done[0] = max(done[0], upto)  # a file read in part (skipped, failed, cut) is done all the same
-            ing.tick(done[0], file_done=True)
+        _ingest_each(ing, files)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
@@ -946,6 +921,38 @@ def ingest(store_path: Path, paths: list[Path], *, run: str | None = None, fmt: 
         if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
     return ing.result
+
+
+def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> None:
+    """Read the log files one by one, each in a savepoint: a file that fails is undone and reported, and the
+    others still load."""
+    sizes = [f.stat().st_size for f, _ in files]
+    total = sum(sizes)
+    ing.at = Progress(files_total=len(files), bytes_total=total)
+    done = [0]
+    for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
+        ing.tick(done[0])
+        point = ing.txn.savepoint()
+        meta_before = ing.files_meta.get(file_id_of(path))
+        try:
+            with bug_boundary(path=str(path)):
+                ing.ingest_file(path, root, done)
+        except ForensicsError as exc:
+            if isinstance(exc, InternalError):
+                exc.line = exc.line or ing.at_line
+                ing.result.bugs += 1
+                if os.environ.get("FORENSICS_DEBUG"):  # --debug: the traceback of each file's bug
+                    traceback.print_exception(exc.__cause__ or exc)
+            # the other files still load: undo this file's partial work and go on
+            ing.txn.rollback_to(point)
+            if meta_before is None:
+                ing.files_meta.pop(file_id_of(path), None)
+            else:
+                ing.files_meta[file_id_of(path)] = meta_before
+            ing.result.errors.append(exc.one_line())
+            ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
+        done[0] = max(done[0], upto)  # a file read in part (skipped, failed, cut) is done all the same
+        ing.tick(done[0], file_done=True)
 
 
 def _compact_when_many(store: Store) -> str:

@@ -53,14 +53,14 @@ def digest_log(log: Path, workdir: Path) -> dict[str, Any]:
     """Ingest ``log`` alone (mtime pinned, so syslog years do not depend on the checkout) and digest it."""
     import os
 
-    from forensics.ingest import ingest
+    from forensics.ingest import IngestOptions, ingest
     from forensics.store import Store
 
     copy = workdir / "logs" / log.name
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(log, copy)
     os.utime(copy, (1_787_600_000, 1_787_600_000))
-    ingest(workdir / "store", [copy], run="d", keep_going=True)
+    ingest(workdir / "store", [copy], IngestOptions(run="d", keep_going=True))
     store = Store(workdir / "store")
     req_n, req_h = digest_rows(store.table("requests"), ["instance", "line_first", "slot", "task"], {"path"})
     ev_n, ev_h = digest_rows(store.table("events"), ["line_no", "kind"], SKIP_EVENT_COLUMNS)

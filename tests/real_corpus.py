@@ -111,7 +111,7 @@ def ingest_corpus(sidecars: list[Sidecar], workdir: Path, fmt: str | None = None
     """Ingest every log into one store, each under its own run (its name); returns the store's folder."""
     import shutil
 
-    from forensics.ingest import FilesNotRead, ingest
+    from forensics.ingest import FilesNotRead, IngestOptions, ingest
 
     logs = workdir / "logs"
     for sc in sidecars:
@@ -119,7 +119,7 @@ def ingest_corpus(sidecars: list[Sidecar], workdir: Path, fmt: str | None = None
         shutil.copyfile(sc.log, logs / sc.name / sc.log.name)
     store = workdir / "store"
     try:
-        ingest(store, [logs], keep_going=True, fmt=fmt)
+        ingest(store, [logs], IngestOptions(fmt=fmt, keep_going=True))
     except FilesNotRead as exc:  # a bug in one file: the others are in the store, the scores say which
         for line in exc.result.errors:
             print(line, file=sys.stderr)

@@ -9,7 +9,7 @@ import pytest
 
 from forensics import evidence
 from forensics.errors import InputError
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 
 LOG = [f"line {i}" for i in range(1, 5001)]
@@ -38,7 +38,7 @@ def test_a_requests_own_lines(tmp_path: Path) -> None:
     """Two slots interleaved: the request's lines are its own, not the other slot's in between."""
     log = Path(__file__).resolve().parents[1] / "fixtures" / "server-runs"
     src = next(p for p in sorted(log.rglob("*.log")))
-    ingest(tmp_path / "store", [src], run="r")
+    ingest(tmp_path / "store", [src], IngestOptions(run="r"))
     store = Store(tmp_path / "store")
     con = store.connect(tables=["requests"])
     slot, task, first, last = con.execute(

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import forensics.ingest as ingest_mod
 from forensics.cli import cli
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 
 LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "era5-default-b10587.log"
 
@@ -29,7 +29,7 @@ def run(*args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("exit")
-    ingest(d / "store", [LOG], run="r1")
+    ingest(d / "store", [LOG], IngestOptions(run="r1"))
     return d / "store"
 
 

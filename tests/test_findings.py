@@ -216,9 +216,9 @@ def test_a_prompt_over_the_context_is_its_own_finding_not_a_runaway(tmp_path: Pa
               "slot      release: id  1 | task 3 | stop processing: n_past = 0, truncated = 0"]
     log = tmp_path / "server.log"
     log.write_text("\n".join(lines) + "\n")
-    from forensics.ingest import ingest
+    from forensics.ingest import IngestOptions, ingest
 
-    ingest(tmp_path / "s", [log], run="r")
+    ingest(tmp_path / "s", [log], IngestOptions(run="r"))
     store = Store(tmp_path / "s")
     assert F.find_runaways(store, "r").height == 0
     over = F.find_prompt_over_context(store, "r")

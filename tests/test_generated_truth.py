@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from forensics.generate import demo_scenarios, generate
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 
 KEYS = ["run", "instance", "slot", "task"]
@@ -24,7 +24,7 @@ def test_ingest_matches_generator_truth(tmp_path: Path, fmt: str, chunk_bytes: i
 
         monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
     gen = generate(demo_scenarios(), tmp_path / "gen", fmt=fmt, seed=11)
-    ingest(tmp_path / "store", [tmp_path / "gen" / "logs"], keep_going=True)
+    ingest(tmp_path / "store", [tmp_path / "gen" / "logs"], IngestOptions(keep_going=True))
     got = Store(tmp_path / "store").table("requests")
     truth = gen.truth
     assert got.height == truth.height == gen.requests

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
@@ -56,7 +56,7 @@ def test_requests_match_golden(log: Path, tmp_path: Path) -> None:
     copy.parent.mkdir()
     shutil.copyfile(log, copy)
     os.utime(copy, (MTIME, MTIME))
-    ingest(tmp_path / "store", [copy], run="golden")
+    ingest(tmp_path / "store", [copy], IngestOptions(run="golden"))
     got = _as_text(Store(tmp_path / "store").table("requests").sort("line_first"))
     expected = pl.read_csv(log.with_suffix(".requests.csv"), infer_schema=False).fill_null("").to_dicts()
     assert got == expected

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.errors import InputError
-from forensics.ingest import FilesNotRead, ingest
+from forensics.ingest import FilesNotRead, IngestOptions, ingest
 from forensics.store import Store
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "server-runs"
@@ -102,7 +102,7 @@ def test_started_at_anchors_elapsed_times(tmp_path: Path, store_dir: Path) -> No
     log.write_text(ERA5)
     from forensics.ingest import parse_time
 
-    ingest(store_dir, [log], started_at=parse_time("2026-11-29T15:26:07Z"))
+    ingest(store_dir, [log], IngestOptions(started_at=parse_time("2026-11-29T15:26:07Z")))
     row = _requests(store_dir).row(0, named=True)
     assert row["t_start"].isoformat() == "2026-11-29T15:26:22.002384+00:00"
 
@@ -167,11 +167,11 @@ def test_compressed_and_truncated(tmp_path: Path, store_dir: Path, codec: str) -
     blob = gzip.compress(raw) if codec == "gzip" else zstandard.ZstdCompressor().compress(raw)
     (tmp_path / "ok").mkdir()
     (tmp_path / "ok" / "a.log.x").write_bytes(blob)
-    ingest(store_dir, [tmp_path / "ok"], run="ok")
+    ingest(store_dir, [tmp_path / "ok"], IngestOptions(run="ok"))
     assert _files(store_dir)["lines_total"].to_list() == [raw.count(b"\n")]
     cut = tmp_path / "cut.log"
     cut.write_bytes(blob[: len(blob) * 2 // 3])
-    result = ingest(store_dir, [cut], run="cut")
+    result = ingest(store_dir, [cut], IngestOptions(run="cut"))
     _accounting_holds(store_dir)
     assert any("ends early" in w or "damaged" in w for w in result.warnings)
 
@@ -211,7 +211,7 @@ def test_unknown_file_fails_clearly_unless_keep_going(tmp_path: Path, store_dir:
     assert res.stderr.splitlines()[-1] == ("forensics: error: 1 file could not be read; the others were ingested "
                                            "(fix or remove them, or pass --keep-going to accept this)")
     assert _requests(tmp_path / "cli").height == 1
-    result = ingest(tmp_path / "kg", [tmp_path / "logs"], keep_going=True)
+    result = ingest(tmp_path / "kg", [tmp_path / "logs"], IngestOptions(keep_going=True))
     assert [f.status for f in result.files] == ["error", "ingested"]
     assert _requests(tmp_path / "kg").height == 1
 
@@ -245,10 +245,10 @@ def test_tiny_chunks_give_the_same_result(tmp_path: Path, monkeypatch: pytest.Mo
     from parsers import reader
 
     one = tmp_path / "one"
-    ingest(one, [REAL_B4747], run="r")
+    ingest(one, [REAL_B4747], IngestOptions(run="r"))
     monkeypatch.setattr(reader, "CHUNK_BYTES", 300)
     many = tmp_path / "many"
-    ingest(many, [REAL_B4747], run="r")
+    ingest(many, [REAL_B4747], IngestOptions(run="r"))
     cols = ["slot", "task", "prompt_tokens", "gen_tokens", "total_ms", "http_status", "line_first", "line_last"]
     assert Store(many).table("requests").select(cols).sort("line_first").equals(
         Store(one).table("requests").select(cols).sort("line_first"))
@@ -268,9 +268,9 @@ def test_every_fixture_gives_the_same_requests_in_tiny_chunks(tmp_path: Path, mo
     router ports, wrappers) change no request and no line count."""
     from parsers import reader
 
-    ingest(tmp_path / "one", [log], run="r")
+    ingest(tmp_path / "one", [log], IngestOptions(run="r"))
     monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
-    ingest(tmp_path / "many", [log], run="r")
+    ingest(tmp_path / "many", [log], IngestOptions(run="r"))
     one, many = Store(tmp_path / "one"), Store(tmp_path / "many")
     assert many.table("requests").sort("line_first").equals(one.table("requests").sort("line_first"))
     keep = ["lines_total", "lines_parsed", "lines_skipped", "lines_unparsed", "skipped_by_kind", "bytes_read"]
@@ -308,7 +308,7 @@ def test_an_http_line_tied_to_nothing_does_not_shift_the_others(tmp_path: Path, 
     log.write_text("\n".join(lines) + "\n")
     if chunk_bytes is not None:
         monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
-    ingest(tmp_path / "store", [log], run="r")
+    ingest(tmp_path / "store", [log], IngestOptions(run="r"))
     got = Store(tmp_path / "store").table("requests").sort("line_first").select("task", "http_status").rows()
     assert got == [(1, 200), (2, 500), (3, 201), (7, 502), (5, 202)]
 
@@ -323,7 +323,7 @@ def test_a_log_read_while_it_grows_gives_the_same_requests(tmp_path: Path, log: 
     whole = tmp_path / "whole" / log.name
     whole.parent.mkdir()
     whole.write_bytes(log.read_bytes())
-    ingest(tmp_path / "one", [whole], run="r")
+    ingest(tmp_path / "one", [whole], IngestOptions(run="r"))
     growing = tmp_path / "growing" / log.name
     growing.parent.mkdir()
     prev = 0
@@ -331,7 +331,7 @@ def test_a_log_read_while_it_grows_gives_the_same_requests(tmp_path: Path, log: 
         with growing.open("ab") as fh:
             fh.write(b"\n".join(lines[prev:cut]) + (b"\n" if cut < len(lines) else b""))
         prev = cut
-        ingest(tmp_path / "grown", [growing], run="r")
+        ingest(tmp_path / "grown", [growing], IngestOptions(run="r"))
     drop = ["path"]
     got = Store(tmp_path / "grown").table("requests").drop(drop).sort("line_first")
     assert got.equals(Store(tmp_path / "one").table("requests").drop(drop).sort("line_first"))
@@ -349,14 +349,14 @@ def test_syslog_times_in_a_local_zone(tmp_path: Path) -> None:
     log.write_text("".join(f"Aug 23 12:00:{15 + i:02d} gpu1 llama-server[42]: {line}\n"
                            for i, line in enumerate(ERA5.splitlines())))
     os.utime(log, (1_787_600_000, 1_787_600_000))  # written last on 2026-08-24: the year of the syslog times
-    ingest(tmp_path / "utc", [log], run="r")
-    ingest(tmp_path / "berlin", [log], run="r", tz="Europe/Berlin")
+    ingest(tmp_path / "utc", [log], IngestOptions(run="r"))
+    ingest(tmp_path / "berlin", [log], IngestOptions(run="r", tz="Europe/Berlin"))
     utc = _requests(tmp_path / "utc").row(0, named=True)["t_start"]
     berlin = _requests(tmp_path / "berlin").row(0, named=True)["t_start"]
     assert utc.isoformat() == "2026-08-23T12:00:21+00:00"  # line 7 of the log: second 15 + 6
     assert berlin.isoformat() == "2026-08-23T10:00:21+00:00"
     with pytest.raises(InputError):
-        ingest(tmp_path / "bad", [log], tz="Mars/Olympus")
+        ingest(tmp_path / "bad", [log], IngestOptions(tz="Mars/Olympus"))
 
 
 def test_two_logs_growing_in_one_ingest_keep_their_own_open_requests(tmp_path: Path, store_dir: Path) -> None:
@@ -367,11 +367,11 @@ def test_two_logs_growing_in_one_ingest_keep_their_own_open_requests(tmp_path: P
     logs.mkdir()
     for name, port in (("a.log", "8080"), ("b.log", "8081")):  # two servers: the same content would be one file
         (logs / name).write_text(head.replace("8080", port))
-    ingest(store_dir, [logs], run="r")
+    ingest(store_dir, [logs], IngestOptions(run="r"))
     for name in ("a.log", "b.log"):
         with (logs / name).open("a") as fh:
             fh.write(tail)
-    result = ingest(store_dir, [logs], run="r")
+    result = ingest(store_dir, [logs], IngestOptions(run="r"))
     assert [f.status for f in result.files] == ["appended", "appended"]
     req = _requests(store_dir).sort("path")
     assert req.select("path", "task", "gen_tokens", "stop_reason").rows() == [
@@ -409,7 +409,7 @@ def test_a_long_request_stays_one_request_however_the_log_is_cut(tmp_path: Path,
     short = _long_request_log(log, 100_000)
     if chunk_bytes is not None:
         monkeypatch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
-    ingest(tmp_path / "s", [log], run="r")
+    ingest(tmp_path / "s", [log], IngestOptions(run="r"))
     req = Store(tmp_path / "s").table("requests").sort("slot", "task")
     slot0 = req.filter(pl.col("slot") == 0).select("task", "gen_tokens", "stop_reason", "complete", "truncated").rows()
     assert slot0 == [(0, 30000, "context", True, True)]
@@ -428,7 +428,7 @@ def test_syslog_dates_in_any_locale_and_across_new_year(tmp_path: Path) -> None:
         "ago 05 17:27:04 gpu1 llama-server[7]: slot launch_slot_: id  0 | task 2 | processing task\n")
     mtime = datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc).timestamp()
     os.utime(log, (mtime, mtime))
-    ingest(tmp_path / "s", [log], run="r")
+    ingest(tmp_path / "s", [log], IngestOptions(run="r"))
     got = Store(tmp_path / "s").table("requests").sort("task").select("task", "t_start", "t_end").rows()
     assert got == [(1, datetime(2025, 12, 31, 23, 59, 58, tzinfo=timezone.utc),
                     datetime(2026, 1, 1, 0, 0, 3, tzinfo=timezone.utc)),

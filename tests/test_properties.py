@@ -9,7 +9,7 @@ import polars as pl
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 from parsers.engine import Carry, Engine
 from parsers.spec import format_names, grammar
@@ -55,7 +55,7 @@ def test_generated_logs_parse_back(reqs: list[dict], n_slots: int, prefix: bool)
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "server.log"
         log.write_text(text)
-        ingest(Path(d) / "store", [log], run="p")
+        ingest(Path(d) / "store", [log], IngestOptions(run="p"))
         s = Store(Path(d) / "store")
         got = s.table("requests").sort("line_first").select(list(truth[0])).to_dicts()
         assert got == truth
@@ -83,7 +83,7 @@ def test_arbitrary_bytes_ingest(data: bytes) -> None:
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "x.log"
         log.write_bytes(b"slot launch_slot_: id  0 | task 1 | processing task\n" + data)
-        ingest(Path(d) / "store", [log], run="p", fmt="llama-common")
+        ingest(Path(d) / "store", [log], IngestOptions(run="p", fmt="llama-common"))
         f = Store(Path(d) / "store").table("files").row(0, named=True)
         assert f["lines_parsed"] + f["lines_skipped"] + f["lines_unparsed"] == f["lines_total"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
@@ -26,7 +26,7 @@ def facts(store: Path) -> tuple[pl.DataFrame, int, int]:
 
 
 def ingest_one(path: Path, store: Path) -> None:
-    res = ingest(store, [path], run="r")
+    res = ingest(store, [path], IngestOptions(run="r"))
     assert not res.errors, res.errors
 
 
@@ -52,7 +52,7 @@ def test_a_settled_log_cut_without_a_newline_reads_its_last_line(tmp_path: Path)
     assert data.endswith(b"CUDA error\n")
     cut = tmp_path / "server.log"
     cut.write_bytes(data[:-1])
-    res = ingest(tmp_path / "fresh", [cut], run="r")  # being written now: the last line waits for its newline
+    res = ingest(tmp_path / "fresh", [cut], IngestOptions(run="r"))  # being written now: the last line waits for its newline
     assert any("last line has no newline yet" in w for w in res.warnings)
     old = time.time() - 600
     os.utime(cut, (old, old))  # left alone for ten minutes: the log ends there

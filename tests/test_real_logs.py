@@ -100,9 +100,9 @@ def test_crashes_are_listed_with_their_evidence_and_the_tasks_in_flight(tmp_path
 
     real = Path(__file__).resolve().parent.parent / "fixtures" / "real"
     logs = [real / "crash-llamacpp-12817.log", real / "crash-ikllama-687.log"]
-    from forensics.ingest import ingest
+    from forensics.ingest import IngestOptions, ingest
 
-    ingest(tmp_path / "s", logs, run="r")
+    ingest(tmp_path / "s", logs, IngestOptions(run="r"))
     errors = findings.error_groups(Store(tmp_path / "s"), "r")
     crashes = errors.filter(pl.col("kind") == "crash").select("example", "in_flight", "evidence").rows()
     assert crashes == [

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from forensics import replay
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.runs import all_runs
 from forensics.store import Store
 
@@ -35,7 +35,7 @@ def test_stored_join_answers_as_a_join_computed_now(folder: str, mapping: str | 
     logs = tmp_path / folder
     shutil.copytree(src, logs)
     store_dir = tmp_path / "store"
-    ingest(store_dir, [logs], keep_going=True, mapping=logs / mapping if mapping else None)
+    ingest(store_dir, [logs], IngestOptions(keep_going=True, mapping=logs / mapping if mapping else None))
     answers = both_ways(Store(store_dir))
     assert answers[0][1].height > 0
     for what, stored, live in answers:

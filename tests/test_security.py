@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 
 INJ = "'; drop table requests; --"
@@ -43,7 +43,7 @@ def hostile_store(tmp_path: Path) -> Path:
                "http_status": 200, "outcome": "ok", "id_slot": 0, "tokens_evaluated": 812, "tokens_predicted": 178}
     (run_dir / "attempts.jsonl").write_text(json.dumps(attempt) + "\n")
     store = tmp_path / "store"
-    ingest(store, [tmp_path / "logs"], run=INJ)
+    ingest(store, [tmp_path / "logs"], IngestOptions(run=INJ))
     return store
 
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import forensics.store as store_mod
 from forensics.cli import cli
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store, escape_partition
 
 BLOCK = """\
@@ -200,7 +200,7 @@ def test_run_names_never_escape_the_store(tmp_path: Path, name: str) -> None:
     logs.mkdir()
     write_log(logs / "a.log", 3)
     store_dir = tmp_path / "store"
-    ingest(store_dir, [logs], run=name)
+    ingest(store_dir, [logs], IngestOptions(run=name))
     escaped = escape_partition(name)
     assert "/" not in escaped and escaped not in {".", ".."} and not escaped.startswith(".")
     for p in store_dir.rglob("*"):
@@ -216,7 +216,7 @@ def test_a_damaged_part_is_an_error_not_an_empty_table(tmp_path: Path) -> None:
     read must stop the ingest (nothing removed), not read as "no records" whose parts are then replaced."""
     runs = Path(__file__).resolve().parent.parent / "fixtures" / "replay" / "multistage"
     store_dir = tmp_path / "store"
-    ingest(store_dir, [runs / "attempts.jsonl"], run="m")
+    ingest(store_dir, [runs / "attempts.jsonl"], IngestOptions(run="m"))
     part = Store(store_dir).parts("attempts")[0]
     (store_dir / part).write_bytes(b"PAR1 not really parquet")
     parts_before = sorted(p.name for p in store_dir.rglob("*.parquet"))

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from fixtures.findings.scenarios import build
 from forensics.cli import cli
-from forensics.ingest import ingest
+from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
 from forensics.verdict import verdict
 
@@ -55,7 +55,7 @@ def test_a_runaway_and_the_cap_that_would_have_stopped_it(store: Store) -> None:
 
 def test_a_crash_in_a_real_log(tmp_path: Path) -> None:
     log = REAL / "crash-ikllama-687.log"  # CUDA out of memory while task 3 filled its prompt
-    ingest(tmp_path / "s", [log], run="r")
+    ingest(tmp_path / "s", [log], IngestOptions(run="r"))
     [v] = verdict(Store(tmp_path / "s"), "r")
     assert v.facts[0].kind == "crash"
     assert v.facts[0].sentence.startswith("The server crashed ")
@@ -68,7 +68,7 @@ def test_a_crash_in_a_real_log(tmp_path: Path) -> None:
 
 def test_an_assert_crash_says_to_update_or_report(tmp_path: Path) -> None:
     log = REAL / "crash-llamacpp-12817.log"  # GGML_ASSERT on a non-causal model with a small ubatch
-    ingest(tmp_path / "s", [log], run="r")
+    ingest(tmp_path / "s", [log], IngestOptions(run="r"))
     [v] = verdict(Store(tmp_path / "s"), "r")
     assert v.facts[0].kind == "crash" and "GGML_ASSERT" in v.facts[0].sentence
     assert v.facts[0].sentence.endswith("A failed assert is a bug or an unsupported setting in this build: update "

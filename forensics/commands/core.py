@@ -61,10 +61,11 @@ def ingest(paths: tuple[Path, ...], **opts: Any) -> None:
     bar = _Progress(t0)
     failed: ingest_mod.FilesNotRead | None = None
     try:
+        options = ingest_mod.IngestOptions(
+            run=a.run, fmt=a.fmt, started_at=ingest_mod.parse_time(started_at) if started_at else None,
+            keep_going=a.keep_going, mapping=a.mapping, tz=a.tz)
         result = ingest_mod.ingest(
-            store_dir, list(paths), run=a.run, fmt=a.fmt,
-            started_at=ingest_mod.parse_time(started_at) if started_at else None,
-            keep_going=a.keep_going, mapping=a.mapping, tz=a.tz, progress=bar.update,
+            store_dir, list(paths), options, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
                                        err=True))
     except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2

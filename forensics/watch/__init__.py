@@ -23,7 +23,7 @@ from typing import Any
 import polars as pl
 
 from forensics.errors import ForensicsError, InputError
-from forensics.ingest import FilesNotRead, check_tz, file_id_of, ingest, run_of
+from forensics.ingest import FilesNotRead, IngestOptions, check_tz, file_id_of, ingest, run_of
 from forensics.store import MANIFEST, Store
 from forensics.watch.compact import compact
 from forensics.watch.deliver import Dispatcher, Hook, Outcome, RetryPolicy
@@ -197,8 +197,8 @@ class Watcher:
             if not group:
                 continue
             try:
-                res = ingest(self.opts.store, group, run=run, keep_going=True, tz=self.opts.tz,
-                             mapping=self.opts.mapping)
+                res = ingest(self.opts.store, group,
+                             IngestOptions(run=run, keep_going=True, mapping=self.opts.mapping, tz=self.opts.tz))
             except FilesNotRead as exc:
                 res = exc.result
             except ForensicsError as exc:
