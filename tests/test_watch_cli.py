@@ -50,6 +50,7 @@ def test_findings_already_there_are_recorded_not_raised_unless_backlog(tmp_path:
     assert raised.returncode == 0, raised.stderr
     alert = json.loads(raised.stdout)
     assert (alert["kind"], alert["status"], alert["task"]) == ("runaway", "confirmed", 5000)
+    assert (tmp_path / "got.jsonl").exists(), raised.stderr
     assert json.loads((tmp_path / "got.jsonl").read_text()) == alert
 
 
