@@ -169,7 +169,7 @@ def _findings_sections(store: Store, runs: list[str], notes: list[str]) -> str:
 
 def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
     """Missing items of the runs that have replay records (a run with logs only has none to miss)."""
-    from forensics import replay
+    from forensics.replay import tables as replay_tables
 
     con = store.connect(tables=["runs", "attempts", "items"])
     try:
@@ -178,7 +178,7 @@ def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
             "UNION ALL SELECT run FROM items) WHERE list_contains($runs, run)", {"runs": runs}).fetchall()}
     finally:
         con.close()
-    frames = [replay.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs if r in with_records]
+    frames = [replay_tables.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs if r in with_records]
     return pl.concat(frames, how="diagonal_relaxed").select("run", pl.all().exclude("run")) if frames else \
         pl.DataFrame()
 

@@ -12,6 +12,7 @@ import pytest
 
 from forensics import replay
 from forensics.errors import MappingError
+from forensics.replay import tables as replay_tables
 from tests.replay_helpers import FIX, ms_records, ms_store
 
 UTC = timezone.utc
@@ -187,14 +188,14 @@ MISSING = [
 
 def test_missing_explains_every_missing_item(tmp_path: Path) -> None:
     store = ms_store(tmp_path / "store")
-    df = replay.missing(store, "run-ms")
+    df = replay_tables.missing(store, "run-ms")
     assert df.columns == ["item", "stage", "reason", "detail", "evidence"]
     assert df.rows() == MISSING
 
 
 def test_runs_listing(tmp_path: Path) -> None:
     store = ms_store(tmp_path / "store")
-    assert replay.runs_table(store).rows(named=True) == [{
+    assert replay_tables.runs_table(store).rows(named=True) == [{
         "run": "run-ms", "alias": None, "np": 2, "items_expected": 5, "items_done": 1, "items_missing": 4,
         "attempts": 9, "requests": 8, "wall_s": 66.0, "ended": "completed (after 66 s)", "from": "records"}]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from forensics import replay
+from forensics.replay import tables as replay_tables
 from forensics.store import Store
 
 BASE = {"run_id": "r", "items": ["AAPL", "MSFT", "NVDA", "TSLA", "AMZN"], "stages": ["probe", "extract", "summarize"]}
@@ -25,7 +26,7 @@ def missing(tmp_path: Path, **manifest: object) -> list[tuple[str, str, str, str
         json.dumps({"run_id": "r", "item": i, "stage": s, "outcome": o}) + "\n" for i, s, o in SENT))
     store = Store(tmp_path / "store", create=True)
     replay.ingest_records(store, replay.load([tmp_path / "manifest.json", tmp_path / "attempts.jsonl"]))
-    return [tuple(r) for r in replay.missing(Store(tmp_path / "store"), "r").select(
+    return [tuple(r) for r in replay_tables.missing(Store(tmp_path / "store"), "r").select(
         "item", "stage", "reason", "detail").rows()]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics import replay
 from forensics.ingest import IngestOptions, ingest
+from forensics.replay import tables as replay_tables
 from forensics.runs import all_runs
 from forensics.store import Store
 
@@ -21,11 +21,11 @@ FOLDERS = [("multistage", None), ("two-instance", None), ("newharness", "bench.t
 def both_ways(store: Store) -> list[tuple[str, pl.DataFrame, pl.DataFrame]]:
     """(what, stored answer, answer of a join computed now) for `runs` and `missing` of every run."""
     assert store.meta("join_stored") is True and not store.meta("join_pending")
-    stored = [("runs", replay.runs_table(store))]
+    stored = [("runs", replay_tables.runs_table(store))]
     record_runs = [r for r in stored[0][1]["run"].to_list() if r in all_runs(store)]
-    stored += [(f"missing {r}", replay.missing(store, r)) for r in record_runs]
+    stored += [(f"missing {r}", replay_tables.missing(store, r)) for r in record_runs]
     store._manifest["meta"]["join_stored"] = False  # as a store written before the join was stored
-    live = [replay.runs_table(store)] + [replay.missing(store, r) for r in record_runs]
+    live = [replay_tables.runs_table(store)] + [replay_tables.missing(store, r) for r in record_runs]
     return [(what, s, lv) for (what, s), lv in zip(stored, live, strict=True)]
 
 

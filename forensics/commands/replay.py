@@ -19,10 +19,10 @@ Examples:
 @cli_mod.store_option
 def runs(fmt: str, store_path: Path | None) -> None:
     """List the runs: np, items expected / done / missing, attempts, requests, wall time, how each ended."""
-    from forensics import replay  # loaded when a replay command runs, not at every start
     from forensics.render import render
+    from forensics.replay import tables as replay_tables  # loaded when a replay command runs
 
-    render(replay.runs_table(cli_mod.open_store(store_path)), fmt, sys.stdout)
+    render(replay_tables.runs_table(cli_mod.open_store(store_path)), fmt, sys.stdout)
 
 
 @click.command(epilog="""\b
@@ -38,16 +38,16 @@ Examples:
 def missing(ctx: click.Context, run: str | None, fail_on: str, fmt: str, store_path: Path | None) -> None:
     """List every missing item x stage of RUN (optional when the store holds one run) and why: never
     attempted, HTTP error, timeout or cancelled, parse error, with evidence from the server log."""
-    from forensics import replay
     from forensics import runs as runs_mod
     from forensics.errors import ExitCode
     from forensics.render import render
+    from forensics.replay import tables as replay_tables
 
     store = cli_mod.open_store(store_path)
     asked = runs_mod.resolve(store, run, one=True, need="records", command="missing")
     for note in asked.notes:
         click.echo(f"note: {note}", err=True)
-    df = replay.missing(store, asked.runs[0])
+    df = replay_tables.missing(store, asked.runs[0])
     render(df, fmt, sys.stdout)
     if fail_on == "any" and df.height:
         ctx.exit(int(ExitCode.FINDINGS))

@@ -10,8 +10,7 @@ Public API::
     ingest_records(store_or_txn, records, ...)             write runs, attempts and items into the store
     join(requests, instances, runs, attempts) -> JoinResult   attempts <-> server requests
     join_store(store) -> JoinResult                        the same over the store's tables
-    runs_table(store) -> DataFrame                         the ``forensics runs`` listing
-    missing(store, run) -> DataFrame                       the ``forensics missing RUN`` listing
+    (the ``forensics runs`` and ``missing RUN`` listings over the stored join are in ``forensics.replay.tables``)
     check_run(store, run, need=..., command=...) -> RunCheck   a run asked for by a command (alias, halves)
 """
 
@@ -30,11 +29,10 @@ from forensics.replay.items import build_items
 from forensics.replay.join import JoinResult, join, join_store
 from forensics.replay.mapping import Mapping, load_mapping, shipped_mappings
 from forensics.replay.records import RecordIssue, Records, detect
-from forensics.replay.tables import missing, runs_table
 
 __all__ = [
     "JoinResult", "Mapping", "RecordIssue", "Records", "RunCheck", "build_items", "check_run", "detect",
-    "ingest_into", "ingest_records", "join", "join_store", "load", "load_mapping", "missing", "runs_table",
+    "ingest_into", "ingest_records", "join", "join_store", "load", "load_mapping", 
     "shipped_mappings",
 ]
 
