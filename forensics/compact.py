@@ -13,7 +13,6 @@ manifest, deletions), so a crash at any step leaves the store as it was before o
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import duckdb
 
 from forensics import schema
-from forensics.store import PACKS_DIR, Store, Transaction
+from forensics.store import PACKS_DIR, Store, Transaction, run_of_part, sql_string, sql_strings
 
 PACK_BYTES = 96 * 1024 * 1024  # input bytes per pack: large enough to be few, small enough to sort in memory
 ROW_GROUP = 100_000  # rows per row group: a run filter skips whole groups of other runs
@@ -76,11 +75,6 @@ def compact_locked(store: Store, *, min_parts: int = 2, stale: float = STALE) ->
     return out
 
 
-def _run_of(rel: str) -> str:
-    seg = next((s for s in rel.split("/") if s.startswith("run=")), "run=")
-    return urllib.parse.unquote(seg[len("run="):])
-
-
 def _compact_table(store: Store, txn: Transaction, table: str, limits: tuple[int, float], out: Compacted) -> None:
     min_parts, share = limits
     live = set(store.parts(table))
@@ -91,7 +85,7 @@ def _compact_table(store: Store, txn: Transaction, table: str, limits: tuple[int
     if len(own) < min_parts and not stale:
         return
     stale_live = [p for pk in stale for p in pk["parts"] if p in live]
-    batches = _batches(store, sorted(own, key=_run_of), stale, stale_live)
+    batches = _batches(store, sorted(own, key=lambda rel: run_of_part(rel) or ""), stale, stale_live)
     for i, (mine, packs) in enumerate(batches):
         final = f"{table}/{PACKS_DIR}/pack-{txn.txn_id}-{i:04d}.parquet"
         tmp = f"{final}.tmp-{txn.txn_id}"
@@ -128,25 +122,22 @@ def _write_pack(store: Store, own: list[str], packs: list[str], keep: list[str],
     part; return the parts it holds."""
     root = str(store.root) + "/"
 
-    def quoted(values: list[str]) -> str:
-        return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
-
     selects = []
     if own:
-        files = quoted([root + rel for rel in own])
+        files = sql_strings([root + rel for rel in own])
         # hive_types_autocast off: the run stays the text of its folder name, as the manifest has it
         selects.append(f"SELECT * EXCLUDE (filename), substr(filename, {len(root) + 1}) AS _part FROM "
                        f"read_parquet([{files}], hive_partitioning = true, hive_types_autocast = false, "
                        "union_by_name = true, filename = true)")
     for pack in packs:
-        selects.append(f"SELECT * FROM read_parquet([{quoted([root + pack])}]) WHERE _part IN ({quoted(keep)})")
+        selects.append(f"SELECT * FROM read_parquet([{sql_string(root + pack)}]) WHERE _part IN ({sql_strings(keep)})")
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET memory_limit = '1GB'")
         con.execute("SET enable_progress_bar = false")
-        con.execute(f"SET temp_directory = '{str(store.root / '.txn' / 'spill').replace(chr(39), chr(39) * 2)}'")
+        con.execute(f"SET temp_directory = {sql_string(str(store.root / '.txn' / 'spill'))}")
         query = " UNION ALL BY NAME ".join(selects)
-        con.execute(f"COPY (SELECT * FROM ({query}) ORDER BY run, _part) TO '{str(dest).replace(chr(39), chr(39) * 2)}' "
+        con.execute(f"COPY (SELECT * FROM ({query}) ORDER BY run, _part) TO {sql_string(str(dest))} "
                     f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP})")
     finally:
         con.close()

@@ -39,7 +39,7 @@ from forensics.errors import (
     bug_boundary,
 )
 from forensics.paths import file_stem
-from forensics.store import Store, fetch_pl
+from forensics.store import Store, fetch_pl, run_of_part
 from parsers import assemble, reader
 from parsers.engine import Carry, Engine
 from parsers.reader import compression_of, iter_chunks, read_head
@@ -1127,8 +1127,6 @@ def _join_runs(store: Store) -> list[str]:
 
 def _anchor_instances(store: Store, txn: Any, matches: pl.DataFrame, path: str, fid: str) -> None:
     """Give the instances of an elapsed-time log the wall-clock start the join anchored them at."""
-    from urllib.parse import unquote
-
     anchors = matches.filter((pl.col("path") == path) & pl.col("offset_s").is_not_null()).group_by("instance").agg(
         pl.col("offset_s").first())
     if anchors.height == 0:
@@ -1136,7 +1134,7 @@ def _anchor_instances(store: Store, txn: Any, matches: pl.DataFrame, path: str, 
     start = (pl.col("offset_s") * 1e6).cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     anchors = anchors.select("instance", start.alias("_anchor"))
     for rel in [p for p in store.parts("instances") if f"/{fid}-" in p]:
-        run = unquote(rel.split("/")[1].removeprefix("run="))
+        run = run_of_part(rel) or ""
         inst = store.read_parts("instances", [rel]).join(anchors, on="instance", how="left")
         inst = inst.with_columns(
             pl.coalesce("started_at", "_anchor").alias("started_at"),

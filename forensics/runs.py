@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 
 from forensics.errors import NotFoundError
-from forensics.store import Store
+from forensics.store import Store, view_names
 
 RUN_TABLES = ("requests", "events", "attempts", "runs")  # a run is known when it has rows in one of these
 LISTED = 12  # runs named in a one-line message before "… and N more"
@@ -37,7 +37,7 @@ def all_runs(store: Store | duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def _from_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    have = view_names(con)
     tables = [t for t in RUN_TABLES if t in have]
     if not tables:
         return []

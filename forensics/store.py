@@ -54,6 +54,28 @@ def _step(name: str) -> None:
         FAULT(name)
 
 
+def run_of_part(rel: str) -> str | None:
+    """The run a part belongs to, from its path's ``run=`` folder (``escape_partition`` undone); None for a
+    path without one."""
+    seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
+    return None if seg is None else urllib.parse.unquote(seg[len("run="):], errors="strict")
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a SQL string literal (paths and names put into DuckDB statements that take no parameters)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_strings(values: list[str]) -> str:
+    """``values`` as a comma-separated list of SQL string literals."""
+    return ", ".join(sql_string(v) for v in values)
+
+
+def view_names(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The views a connection has (a store's tables it bound, and any a caller added)."""
+    return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+
 def escape_partition(value: str) -> str:
     """Escape a run name for a hive directory: no separators, no '..', no NUL; reversible."""
     out = []
@@ -401,17 +423,13 @@ class Store:
     def _source(own: list[str], packs: list[tuple[str, list[str]]]) -> str:
         """The FROM of a table's view: its own part files (``run`` from the hive path) and its packs (``run`` a
         column, rows of parts dropped since packing left out)."""
-
-        def quoted(values: list[str]) -> str:
-            return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
-
-        own_files = f"read_parquet([{quoted(own)}], hive_partitioning = true, union_by_name = true)" if own else ""
+        own_files = f"read_parquet([{sql_strings(own)}], hive_partitioning = true, union_by_name = true)" if own else ""
         if not packs:
             return own_files
         selects = [f"SELECT * FROM {own_files}"] if own else []
         for path, dead in packs:  # one select per pack: each has its own dropped parts
-            where = f" WHERE _part NOT IN ({quoted(dead)})" if dead else ""
-            selects.append(f"SELECT * EXCLUDE (_part) FROM read_parquet([{quoted([path])}], "
+            where = f" WHERE _part NOT IN ({sql_strings(dead)})" if dead else ""
+            selects.append(f"SELECT * EXCLUDE (_part) FROM read_parquet([{sql_string(path)}], "
                            f"hive_partitioning = false){where}")
         return "(" + " UNION ALL BY NAME ".join(selects) + ")"
 
@@ -448,10 +466,10 @@ class Store:
                 if not (self.root / self.file_of(table, rel, packed)).exists():
                     raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
                                      hint="run `forensics check` to see how to repair the store")
-                seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
-                if seg is None:
+                run = run_of_part(rel)
+                if run is None:
                     return None
-                names.add(urllib.parse.unquote(seg[len("run="):], errors="strict"))
+                names.add(run)
         if not names:
             return []
         con = duckdb.connect(":memory:")

@@ -18,7 +18,7 @@ from forensics.cli import cli
 from forensics.compact import compact, own_files
 from forensics.ingest import ingest
 from forensics.runs import all_runs
-from forensics.store import PACKS_DIR, Store, fetch_pl
+from forensics.store import PACKS_DIR, Store, fetch_pl, view_names
 from tests.test_store_safety import Crash, _crash_at, write_log
 
 COMMANDS = [["verdict"], ["runs"], ["deadslots"], ["runaways"], ["cap"], ["throughput"], ["errors"],
@@ -30,7 +30,7 @@ def tables(store_dir: Path) -> dict[str, pl.DataFrame]:
     names differ only in where rows sit)."""
     store = Store(store_dir)
     con = store.connect()
-    have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    have = view_names(con)
     out = {}
     try:
         for name in schema.TABLES:

@@ -14,7 +14,7 @@ import polars as pl
 
 from forensics import schema
 from forensics.sql import load_query
-from forensics.store import fetch_pl
+from forensics.store import fetch_pl, view_names
 
 
 def _connect(store: Any) -> duckdb.DuckDBPyConnection:
@@ -23,7 +23,7 @@ def _connect(store: Any) -> duckdb.DuckDBPyConnection:
     now (a store written before the join stored it, or one whose join could not rewrite every log)."""
     con = store.connect()
     if store.meta("join_stored") and not store.meta("join_pending"):
-        have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+        have = view_names(con)
         for name, table in (("replay_matches", "matches"), ("replay_requests", "requests")):
             if table in have:
                 con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table}")
