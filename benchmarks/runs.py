@@ -83,7 +83,7 @@ def clone_store(src: Path, dest: Path, copies: int) -> int:
     the docs); the queries only need the store's shape.  Returns the runs in the new store."""
     from forensics import schema
     from forensics.compact import compact
-    from forensics.store import MANIFEST, Store
+    from forensics.store import MANIFEST, Store, sql_string
 
     compact(Store(src))
     manifest = json.loads((src / MANIFEST).read_text())
@@ -98,11 +98,13 @@ def clone_store(src: Path, dest: Path, copies: int) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             con = duckdb.connect()
             con.register("sfx", sfx)
-            cols = [d[0] for d in con.execute(f"SELECT * FROM read_parquet('{src / pk['path']}') LIMIT 0").description]
+            pack = sql_string(str(src / pk["path"]))
+            cols = [d[0] for d in con.execute(f"SELECT * FROM read_parquet({pack}) LIMIT 0").description]
             replay = ", (replay_run || s) AS replay_run" if "replay_run" in cols else ""
             con.execute(f"COPY (SELECT * REPLACE ((run || s) AS run, replace(_part, '/run=' || run || '/', "
-                        f"'/run=' || run || s || '/') AS _part{replay}) FROM read_parquet('{src / pk['path']}'), sfx "
-                        f"ORDER BY run, _part) TO '{out}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 100000)")
+                        f"'/run=' || run || s || '/') AS _part{replay}) FROM read_parquet({pack}), sfx "
+                        f"ORDER BY run, _part) TO {sql_string(str(out))} "
+                        "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 100000)")
             con.close()
             parts = [_renamed(p, s) for p in pk["parts"] for s in suffixes]
             new_packs.setdefault(name, []).append({"path": str(out.relative_to(dest)), "parts": parts})
