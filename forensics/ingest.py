@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -217,12 +216,19 @@ def strip_exts(name: str) -> str:
     return file_stem(name) or "run"
 
 
+def check_path_text(p: Path) -> None:
+    """A path with a NUL byte can name no file: say so, before any file-system call fails on it."""
+    if "\x00" in str(p):
+        raise InputError(f"{str(p)!r}: a path cannot hold a NUL byte", hint="pass log files or their folders")
+
+
 def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Path]]:
     """Files under ``paths`` (recursively), each with the root it was found under; and the hidden files
     (dot files) found in folders, which are not read unless named."""
     out: list[tuple[Path, Path | None]] = []
     hidden: list[Path] = []
     for p in paths:
+        check_path_text(p)
         if not p.exists():
             raise InputError("no such file or folder", path=str(p), hint="check the path")
         if p.is_dir():
@@ -241,7 +247,6 @@ def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Pa
 HEAD_LINES = 4000
 
 
-@lru_cache(maxsize=1)
 @functools.lru_cache(maxsize=1)
 def _detector() -> Engine:
     """One engine over every format, built once per process: building it compiles every kind's regex, which

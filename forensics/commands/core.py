@@ -34,7 +34,7 @@ Examples:
   forensics ingest run-42/ --mapping guidellm    a folder with a peer tool's results beside the server log
   forensics ingest server.log --run run-42 -v    one file, named run, a line per file read
 """)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True)  # plain text: the library says what is wrong with a path
 @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
 @click.option("--format", "fmt", type=click.Choice(sorted([*format_names(), *ALIASES])), default=None,
               help="Read with one format's line kinds only (default: every format; the one most lines "
@@ -49,7 +49,7 @@ Examples:
 @click.option("-v", "--verbose", is_flag=True, help="One line per file read (files with something to say are "
                                                     "always listed).")
 @cli_mod.store_option
-def ingest(paths: tuple[Path, ...], **opts: Any) -> None:
+def ingest(paths: tuple[str, ...], **opts: Any) -> None:
     """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store: one
     progress bar while it reads, then one summary line."""
     from forensics import ingest as ingest_mod
@@ -65,7 +65,7 @@ def ingest(paths: tuple[Path, ...], **opts: Any) -> None:
             run=a.run, fmt=a.fmt, started_at=ingest_mod.parse_time(started_at) if started_at else None,
             keep_going=a.keep_going, mapping=a.mapping, tz=a.tz)
         result = ingest_mod.ingest(
-            store_dir, list(paths), options, progress=bar.update,
+            store_dir, [Path(p) for p in paths], options, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
                                        err=True))
     except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2

@@ -23,7 +23,15 @@ from typing import Any
 import polars as pl
 
 from forensics.errors import ForensicsError, InputError
-from forensics.ingest import FilesNotRead, IngestOptions, check_tz, file_id_of, ingest, run_of
+from forensics.ingest import (
+    FilesNotRead,
+    IngestOptions,
+    check_path_text,
+    check_tz,
+    file_id_of,
+    ingest,
+    run_of,
+)
 from forensics.store import MANIFEST, Store
 from forensics.watch.compact import compact
 from forensics.watch.deliver import Dispatcher, Hook, Outcome, RetryPolicy
@@ -339,8 +347,7 @@ def watch(opts: WatchOptions, *, on_alert: Callable[[dict[str, Any]], None], not
     finding is journaled, passed to ``on_alert`` and delivered to the hooks.  Raises InputError for a path
     that cannot appear (not even its folder exists) and StoreError when another watch runs on the same store."""
     for p in opts.paths:
-        if "\x00" in str(p):
-            raise InputError(f"{str(p)!r}: a path cannot hold a NUL byte", hint="pass log files or their folders")
+        check_path_text(p)
         if not p.exists() and not p.parent.exists():
             raise InputError(f"{p}: neither it nor its folder exists", hint="pass log files or the folders that hold them")
     return Watcher(opts, on_alert, note, stop or Event()).run()
