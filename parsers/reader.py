@@ -200,8 +200,10 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     views = np.zeros((n, 4), dtype=np.int32)
     views[:, 0] = lens
     # a view holds a string of up to 12 bytes itself; a longer one holds its first 4 bytes and its offset
-    head = np.concatenate([data, np.zeros(12, dtype=np.uint8)])[starts[:, None] + np.arange(12)]
-    head[np.arange(12) >= lens[:, None]] = 0
+    padded = np.concatenate([data, np.zeros(12, dtype=np.uint8)])
+    head = np.lib.stride_tricks.sliding_window_view(padded, 12)[starts]  # each line's first 12 bytes
+    short = np.flatnonzero(lens < 12)
+    head[short] *= np.arange(12) < lens[short, None]  # a short line's view is zero after its end
     views.view(np.uint8).reshape(n, 16)[:, 4:] = head
     long = lens > 12
     views[long, 2] = 0
