@@ -247,11 +247,12 @@ def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Pa
 HEAD_LINES = 4000
 
 
-@functools.lru_cache(maxsize=1)
-def _detector() -> Engine:
-    """One engine over every format, built once per process: building it compiles every kind's regex, which
-    cost more than detecting a short log's format (a folder of thousands of run logs paid it per file)."""
-    return Engine(grammar())
+@functools.cache
+def engine_for(forced: str | None) -> Engine:
+    """The engine of one set of kinds (every format's, or a forced format's), built once per process and shared by
+    format detection and parsing: building one costs more than reading a short log, and what it learns (the
+    order and routes of the kinds) only makes later files faster."""
+    return Engine(grammar(forced))
 
 
 SETTLED_S = 120.0  # a log not written for this long is not being written: its unterminated last line is read
@@ -277,7 +278,7 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
     lines = text.split("\n")
     if len(lines) > 1 and not text.endswith("\n"):
         lines = lines[:-1]  # cut by the head's size
-    eng = _detector()
+    eng = engine_for(None)
     res = eng.classify(pl.Series("line", lines[:HEAD_LINES], dtype=pl.String), 1, Carry())
     votes: Counter[str] = Counter()
     for i, n in enumerate(res.kind_counts if res.kind_counts is not None else []):
@@ -289,6 +290,15 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
     shared = {name for name, f in load_formats().items() if f.shared}
     own = [(n, f) for f, n in votes.items() if f not in shared]
     return max(own)[1] if own else max((n, f) for f, n in votes.items())[1]
+
+
+def _may_hold_records(path: Path) -> bool:
+    """Canonical records are JSON (their text starts with ``{``): any other file is told without loading the
+    replay package."""
+    try:
+        return read_head(path, 4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+    except (OSError, ForensicsError):
+        return True  # the replay package says what is wrong with it
 
 
 def mask_shape(text: str) -> str:
@@ -328,7 +338,6 @@ class Ingestor:
         self.started_at = options.started_at
         self.progress = progress
         self.at = Progress()
-        self._engines: dict[str, Engine] = {}
         self.keep_going = options.keep_going
         self.mapping = options.mapping
         self.tz = check_tz(options.tz)
@@ -348,12 +357,8 @@ class Ingestor:
         self._instances_full = pl.DataFrame()
 
     # -------------------------------------------------------------- per file
-    def _engine(self, fmt: Format) -> Engine:
-        """One engine per format for the whole ingest: building one compiles every kind's regex, which costs
-        more than classifying a short log (the kinds it learns to try first only change the speed)."""
-        if fmt.name not in self._engines:
-            self._engines[fmt.name] = Engine(fmt)
-        return self._engines[fmt.name]
+    def _engine(self) -> Engine:
+        return engine_for(self.forced.name if self.forced else None)
 
     def tick(self, bytes_done: int, *, requests: int = 0, file_done: bool = False) -> None:
         """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
@@ -443,9 +448,11 @@ class Ingestor:
         """Queue ``path`` as replay records when it is: canonical records (told by their content, never
         logs), a file the --mapping names in its ``files`` globs, or a file named on the command line that a
         mapping without globs reads (in a folder, such a mapping reads what is neither records nor a log)."""
-        from forensics import replay
+        kind = None
+        if _may_hold_records(path):
+            from forensics import replay
 
-        kind = replay.detect(path)
+            kind = replay.detect(path)
         mp = self.loaded_mapping
         if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
             kind = "mapped"
@@ -632,7 +639,7 @@ class LogParse:
         prev = job.prev
         self.state = prev.parse if prev is not None and prev.parse is not None else ParseState()
         self.state.tz = ing.tz
-        self.engine = ing._engine(job.fmt)
+        self.engine = ing._engine()
         self.carry = Carry(last_kind=self.state.last_kind)
         self.assembly = assemble.AssembleState(keys=self.state.keys)
         saved = self._saved_frames()

@@ -71,6 +71,7 @@ class Frames:
     json_time: tuple[str, ...]
     kv: tuple[KvFrame, ...]
     text_prefix: str
+    key: str = ""  # the one short extract that gives a line's dispatch key (see Routes)
 
 
 @cache
@@ -100,7 +101,7 @@ def load_frames() -> Frames:
     for k in kv:
         regex.compile(k.regex)
     return Frames(tuple(js.get("message", ["msg"])), tuple(js.get("level", ())), tuple(js.get("time", ())), kv,
-                  data.get("text", {}).get("prefix", ""))
+                  data.get("text", {}).get("prefix", ""), data.get("dispatch", {}).get("key", ""))
 
 
 @cache
@@ -121,6 +122,35 @@ class Carry:
     last_kind: str | None = None  # last recognised kind (for continuation lines)
 
 
+@dataclass(frozen=True)
+class Routes:
+    """Key-first dispatch: the kinds each line key has led to, most frequent first.
+
+    A line's key is one short extract (frames.toml ``[dispatch]``: the function after ``slot``/``srv``, else the
+    first word of the body).  A line is tried with the kinds its key has led to before, on its own rows only;
+    what they leave goes through every kind in order, and the kinds that claim it there teach the table
+    (``Engine.learn``, in file order).  Specific kinds match disjoint lines (tests/test_formats.py), so the
+    table changes how fast a line is classified, never its kind; catch-alls are never routed.
+    """
+
+    codes: dict[str, int] = field(default_factory=dict)  # key -> its row in ``kinds``
+    kinds: tuple[tuple[int, ...], ...] = ()  # kind indices to try, most frequent first
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, kind index) -> lines seen
+
+    def taught(self, learnt: pl.DataFrame, limit: int = 4096) -> Routes:
+        """The table with ``learnt`` (key, kind, n) added; at most ``limit`` keys (the first ones stay)."""
+        counts = dict(self.counts)
+        for key, ki, n in learnt.iter_rows():
+            if (key, ki) in counts or len(counts) < limit:
+                counts[(key, ki)] = counts.get((key, ki), 0) + n
+        by_key: dict[str, list[tuple[int, int]]] = {}
+        for (key, ki), n in counts.items():
+            by_key.setdefault(key, []).append((-n, ki))
+        keys = sorted(by_key)
+        return Routes({k: i for i, k in enumerate(keys)}, tuple(tuple(ki for _, ki in sorted(by_key[k])) for k in keys),
+                      counts)
+
+
 @dataclass
 class ChunkResult:
     events: pl.DataFrame  # one row per recognised, non-skipped record
@@ -132,6 +162,7 @@ class ChunkResult:
     lead: int = 0  # unrecognised lines before the chunk's first recognised one
     last_kind: str | None = None  # the chunk's last recognised kind
     kind_counts: np.ndarray | None = None  # lines recognised per kind (by index)
+    learnt: pl.DataFrame | None = None  # (key, kind, n) of the lines the full kind order had to classify
 
 
 @dataclass
@@ -175,6 +206,7 @@ def unquote(s: pl.Series) -> pl.Series:
     return pl.select(pl.when(quoted).then(inner).otherwise(s)).to_series()
 
 
+@cache
 def ascii_digits(regex: str) -> str:
     """``regex`` with ``\\d`` (any Unicode digit) written as the ASCII digits: log numbers are ASCII, and the
     narrower class is faster (inside a class ``[\\d.]`` becomes ``[0-9.]``)."""
@@ -299,6 +331,19 @@ def _first_key(text: pl.Series, keys: tuple[str, ...]) -> pl.Series:
     return out
 
 
+@dataclass
+class _Claims:
+    """Which rows of a pass are claimed, by which kind, and the claimed rows' typed fields (one frame a kind)."""
+
+    claimed: np.ndarray
+    kind_of: np.ndarray
+    pieces: list[pl.DataFrame]
+
+
+def _summed(learnt: list[pl.DataFrame]) -> pl.DataFrame | None:
+    return pl.concat(learnt).group_by("key", "kind").agg(pl.col("len").sum()) if learnt else None
+
+
 class _Lines:
     """What the chunk's lines turned out to be, beyond their kind: filled by the second pass."""
 
@@ -308,6 +353,7 @@ class _Lines:
         self.joined = np.zeros(n, dtype=bool)
         self.cols: dict[str, pl.Series] = {}  # per-line frame and wrapper columns (full length)
         self.seen: set[str] = set()
+        self.learnt: list[pl.DataFrame] = []  # (key, kind, n) the full kind order had to find (Routes)
 
 
 class Framer:
@@ -395,6 +441,9 @@ class Engine:
         # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
         self._hoistable = [not k.fallback for k in self.kinds]
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
+        self._key_regex = ascii_digits(frames.key) if frames.key else ""
+        self._routable = np.array([not k.fallback for k in self.kinds] + [False])
+        self.routes = self._seed_routes()
         fields_seen: dict[str, None] = {"elapsed": None, "level": None}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
@@ -404,6 +453,16 @@ class Engine:
         # the first pass reads lines as they are: kinds that could match a line with a wrapper still on it wait
         self._plain = np.array([k.frame == "text" and not k.fallback and not k.loose for k in self.kinds])
 
+    def _seed_routes(self) -> Routes:
+        """The routes the text kinds' own samples give, so that a file's first chunk is routed too."""
+        rows = [(sample, ki) for ki, k in enumerate(self.kinds) if self._routable[ki] and k.frame == "text"
+                for sample in k.samples]
+        if not self._key_regex or not rows:
+            return Routes()
+        keys = pl.Series([r[0] for r in rows], dtype=pl.String).str.extract(self._key_regex, 1)
+        seen = pl.DataFrame({"key": keys, "kind": pl.Series([r[1] for r in rows], dtype=pl.Int32)})
+        return Routes().taught(seen.drop_nulls().group_by("key", "kind").len())
+
     # ------------------------------------------------------------------ classification
     def learn(self, res: ChunkResult) -> None:
         """Try the kinds that were frequent in ``res`` first from now on.
@@ -411,6 +470,8 @@ class Engine:
         Called by whoever reads the results in file order, so the order each chunk is classified with does
         not depend on which worker thread finished first.
         """
+        if res.learnt is not None and res.learnt.height:
+            self.routes = self.routes.taught(res.learnt)
         counts, n = res.kind_counts, res.total
         if counts is None or not n:
             return
@@ -430,9 +491,9 @@ class Engine:
         line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
         plain = Framed(raw, np.zeros(n, dtype=bool), pl.Series([None] * n, dtype=pl.String), {},
                        np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
-        kind_of, pieces = self._match(plain, tuple(i for i in order if self._plain[i]))
-        rest = np.flatnonzero(kind_of < 0)
         lines = _Lines(n)
+        kind_of, pieces = self._match(plain, tuple(i for i in order if self._plain[i]), lines.learnt)
+        rest = np.flatnonzero(kind_of < 0)
         if len(rest):
             self._second_pass(raw, rest, order, kind_of, pieces, lines)
         cont, skipped, cont_parsed = self._continuations(kind_of, lines, carry)
@@ -452,7 +513,8 @@ class Engine:
         assert parsed + sum(skipped.values()) + len(unp_idx) == n, (parsed, skipped, len(unp_idx), n)
         return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
                            wrappers_seen=lines.seen, lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
-                           last_kind=carry.last_kind if len(recognised) else None)
+                           last_kind=carry.last_kind if len(recognised) else None,
+                           learnt=_summed(lines.learnt))
 
     def _second_pass(self, raw: pl.Series, rest: np.ndarray, order: tuple[int, ...], kind_of: np.ndarray,
                      pieces: list[pl.DataFrame], lines: _Lines) -> None:
@@ -460,7 +522,7 @@ class Engine:
         whole = len(rest) == len(raw)
         text, wcols, lines.seen = self.unwrap(raw if whole else raw.gather(rest))
         fr = self.framer(text)
-        k2, p2 = self._match(fr, order)
+        k2, p2 = self._match(fr, order, lines.learnt)
         adjacent = np.zeros(len(rest), dtype=bool)
         adjacent[:-1] = rest[1:] == rest[:-1] + 1
         joined = self._reflow(fr, k2, p2, adjacent)
@@ -472,13 +534,79 @@ class Engine:
                 lines.cols[name] = col if whole else pl.Series(name, [None] * len(raw), dtype=col.dtype).scatter(
                     rest, col)
 
-    def _match(self, fr: Framed, order: tuple[int, ...]) -> tuple[np.ndarray, list[pl.DataFrame]]:
-        """Try the kinds in ``order``, each on the lines no earlier kind claimed; return each line's kind index
-        (-1: none) and the typed fields of the claimed, non-skipped lines."""
+    def _match(self, fr: Framed, order: tuple[int, ...],
+               learnt: list[pl.DataFrame] | None = None) -> tuple[np.ndarray, list[pl.DataFrame]]:
+        """Classify the lines of ``fr`` with the kinds in ``order``: first each line with the kinds its key has led
+        to (``Routes``), then what is left with every kind in order, each on the lines no earlier kind claimed.
+        Returns each line's kind index (-1: none) and the typed fields of the claimed, non-skipped lines; the keys
+        of the lines the full order classified go to ``learnt``."""
         n = len(fr.body)
         claimed = fr.blank.copy()
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []
+        out = _Claims(claimed, kind_of, pieces)
+        keys = fr.body.str.extract(self._key_regex, 1) if self._key_regex and n else None
+        routes = self.routes
+        if keys is not None and routes.codes:
+            self._route(fr, keys, order, routes, out)
+        routed = kind_of >= 0
+        self._cascade(fr, order, out)
+        if learnt is not None and keys is not None:
+            new = np.flatnonzero((kind_of >= 0) & ~routed & self._routable[kind_of])
+            if len(new):
+                pairs = pl.DataFrame({"key": keys.gather(new), "kind": kind_of[new]}).drop_nulls()
+                learnt.append(pairs.group_by("key", "kind").len())
+        return kind_of, pieces
+
+    def _route(self, fr: Framed, keys: pl.Series, order: tuple[int, ...], routes: Routes, out: _Claims) -> None:
+        """Each line with the kinds its key has led to, on the rows of that key only."""
+        claimed = out.claimed
+        allowed = np.zeros(len(self.kinds), dtype=bool)
+        allowed[list(order)] = True
+        code = keys.replace_strict(routes.codes, default=-1, return_dtype=pl.Int32).fill_null(-1).to_numpy()
+        code = np.where(claimed, -1, code)
+        sel = np.flatnonzero(code >= 0)
+        if not len(sel):
+            return
+        rows_by_key = sel[np.argsort(code[sel], kind="stable")]
+        for rows in np.split(rows_by_key, np.flatnonzero(np.diff(code[rows_by_key])) + 1):
+            body = fr.body.gather(rows)
+            for ki in routes.kinds[code[rows[0]]]:
+                if not allowed[ki]:
+                    continue
+                live = ~claimed[rows]
+                if not live.any():
+                    break
+                kind = self.kinds[ki]
+                live &= fr.record[rows] if kind.frame == "record" else ~fr.record[rows]
+                if kind.prefilter and live.any():
+                    live &= body.str.contains(kind.prefilter, literal=True).to_numpy()
+                if live.any():
+                    self._claim(ki, fr, rows[live], body.filter(pl.Series(live)), out)
+
+    def _claim(self, ki: int, fr: Framed, idx: np.ndarray, sub: pl.Series, out: _Claims) -> None:
+        """Match kind ``ki``'s regex on the rows ``idx`` (their bodies ``sub``); the matching rows become its lines."""
+        claimed, kind_of, pieces = out.claimed, out.kind_of, out.pieces
+        kind = self.kinds[ki]
+        ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
+        hit = ext["__k"].is_not_null().to_numpy()
+        if kind.exclude and hit.any():
+            hit &= ~sub.str.contains(kind.exclude).to_numpy()
+        if not hit.any():
+            return
+        hit_idx = idx[hit]
+        claimed[hit_idx] = True
+        kind_of[hit_idx] = ki
+        if not kind.skip:  # (a precise prefilter leaves nothing to filter out)
+            part = ext.drop("__k") if len(hit_idx) == len(idx) else ext.filter(pl.Series(hit)).drop("__k")
+            pieces.append(self._piece(kind, part, hit_idx, fr))
+
+    def _cascade(self, fr: Framed, order: tuple[int, ...], out: _Claims) -> None:
+        """Every kind in ``order`` on the rows still unclaimed, the first that matches a row claims it."""
+        claimed = out.claimed
+        n = len(fr.body)
+        if claimed.all():
+            return
         # Prefilters scan only the rows no kind has claimed yet; the remaining set is re-gathered when it has
         # shrunk by half, so the frequent kinds (tried first) leave little for the rest to scan.
         rem_idx = np.flatnonzero(~claimed)
@@ -502,21 +630,7 @@ class Engine:
                 mask &= rem_body.str.contains(kind.prefilter, literal=True).to_numpy()
             if not mask.any():
                 continue
-            idx = rem_idx[mask]
-            sub = rem_body.filter(pl.Series(mask))
-            ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
-            hit = ext["__k"].is_not_null().to_numpy()
-            if kind.exclude and hit.any():
-                hit &= ~sub.str.contains(kind.exclude).to_numpy()
-            if not hit.any():
-                continue
-            hit_idx = idx[hit]
-            claimed[hit_idx] = True
-            kind_of[hit_idx] = ki
-            if not kind.skip:  # (a precise prefilter leaves nothing to filter out)
-                part = ext.drop("__k") if len(hit_idx) == len(idx) else ext.filter(pl.Series(hit)).drop("__k")
-                pieces.append(self._piece(kind, part, hit_idx, fr))
-        return kind_of, pieces
+            self._claim(ki, fr, rem_idx[mask], rem_body.filter(pl.Series(mask)), out)
 
     def _piece(self, kind: Kind, part: pl.DataFrame, rows: np.ndarray, fr: Framed) -> pl.DataFrame:
         part = part.with_columns(pl.Series("__row", rows))
