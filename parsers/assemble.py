@@ -35,8 +35,10 @@ class Roles:
 @dataclass
 class KeyState:
     instance_no: int = 0
-    prev_startup: bool = True
+    active: bool = False  # the current instance served a request or ended: a banner line now starts the next
     prev_elapsed: float | None = None
+    min_task: int | None = None  # the lowest task id the current instance started
+    slot_start: dict[str, int] = field(default_factory=dict)  # the current instance's latest started task per slot
     slot_task: dict[str, int] = field(default_factory=dict)  # latest started task per slot (era 2 lines)
     hdr: dict[str, list[int]] = field(default_factory=dict)  # latest [slot, task] per inherit header kind
     running: dict[str, int] = field(default_factory=dict)  # latest task seen on each slot ("instance/slot")
@@ -47,48 +49,136 @@ class AssembleState:
     keys: dict[int, KeyState] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Segmenting:
+    """One key's lines as the instance rule reads them (numpy arrays over the key's rows, in line order)."""
+
+    bound: np.ndarray  # a start-up banner line (``boundary`` kinds)
+    active: np.ndarray  # the process did more than start up: a request's line, an HTTP line, an end or a crash
+    elapsed: np.ndarray | None  # the elapsed clock (NaN where the line has none)
+    start_slot: np.ndarray  # the slot of a request's start line (NaN elsewhere)
+    start_task: np.ndarray
+
+
 def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
-    """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk."""
+    """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk.
+
+    A new server process (instance segment) starts at the first start-up banner line after the current one
+    served a request or ended (a shutdown, a fatal argument error, a crash), where the elapsed clock starts
+    again near zero, or where task ids come back (``_task_id_breaks``).  Lines before a process's first banner
+    line (device probes, a download) are its own: nothing before the banner served a request.
+    """
     if ev.height == 0:
         return ev.with_columns(pl.lit(-1, dtype=pl.Int64).alias("ikey"), pl.lit(1, dtype=pl.Int64).alias("instance_no"))
-    startup = {k.name for k in fmt.kinds if k.startup}
-    boundary = {k.name for k in fmt.kinds if k.boundary}
     if "router_port" in ev.columns:
         ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
     else:
         ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
     ev = ev.with_columns(ikey.alias("ikey"))
-    is_start = ev["kind"].is_in(list(startup)).to_numpy()
-    is_bound = ev["kind"].is_in(list(boundary)).to_numpy()
-    elapsed = ev["elapsed_s"].to_numpy() if "elapsed_s" in ev.columns else None
+    lines = _segmenting(ev, fmt)
     keys = ev["ikey"].to_numpy()
     inst = np.zeros(ev.height, dtype=np.int64)
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        prev_start = np.empty(len(idx), dtype=bool)
-        prev_start[0] = st.prev_startup
-        prev_start[1:] = is_start[idx[:-1]]
-        brk = is_bound[idx] & ~prev_start
-        if elapsed is not None:
-            e = elapsed[idx].astype(float)
-            prev_e = np.empty(len(idx))
-            prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
-            prev_e[1:] = e[:-1]
-            prev_e = pd_ffill(prev_e)
-            # a new process's clock starts again near zero (a log whose lines are out of order is not a restart)
-            brk |= (np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0) & (np.nan_to_num(e, nan=np.inf) < 120)
-            valid = e[~np.isnan(e)]
-            if len(valid):
-                st.prev_elapsed = float(valid[-1])
+        mine = _Segmenting(*(None if a is None else a[idx] for a in (lines.bound, lines.active, lines.elapsed,
+                                                                       lines.start_slot, lines.start_task)))
+        brk = _process_breaks(mine, st)
+        brk |= _task_id_breaks(mine, brk, st)
         if st.instance_no == 0:
             st.instance_no = 1
             brk[0] = False
         counts = st.instance_no + np.cumsum(brk)
         inst[idx] = counts
         st.instance_no = int(counts[-1])
-        st.prev_startup = bool(is_start[idx[-1]])
+        last = np.flatnonzero(brk)
+        st.active = bool(mine.active[last[-1] if len(last) else 0:].any()) or (st.active and not len(last))
     return ev.with_columns(pl.Series("instance_no", inst))
+
+
+def _segmenting(ev: pl.DataFrame, fmt: Format) -> _Segmenting:
+    kind = ev["kind"]
+    startup = kind.is_in([k.name for k in fmt.kinds if k.startup]).to_numpy()
+    ended = kind.is_in([k.name for k in fmt.kinds if k.ends] + list(fmt.with_role("crash"))).to_numpy()
+    http = kind.is_in(list(fmt.with_role("http", "proxy_http"))).to_numpy()
+    task = ev["task"].fill_null(-1).to_numpy() if "task" in ev.columns else np.full(ev.height, -1)
+    slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "slot" in ev.columns else np.full(ev.height, np.nan)
+    is_start = kind.is_in(list(fmt.with_role("start"))).to_numpy() & (task >= 0) & ~np.isnan(slot)
+    return _Segmenting(
+        bound=kind.is_in([k.name for k in fmt.kinds if k.boundary]).to_numpy(),
+        active=ended | http | ((task >= 0) & ~startup),
+        elapsed=ev["elapsed_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "elapsed_s" in ev.columns else None,
+        start_slot=np.where(is_start, slot, np.nan),
+        start_task=np.where(is_start, task, -1),
+    )
+
+
+def _process_breaks(lines: _Segmenting, st: KeyState) -> np.ndarray:
+    """Where a new process starts within one key's lines: the elapsed clock starting again near zero (a log whose
+    lines are out of order is not a restart), or the first banner line after the current process was active."""
+    n = len(lines.bound)
+    clock = np.zeros(n, dtype=bool)
+    if lines.elapsed is not None:
+        e = lines.elapsed
+        prev_e = np.empty(n)
+        prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
+        prev_e[1:] = e[:-1]
+        prev_e = pd_ffill(prev_e)
+        clock = (np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0) & (np.nan_to_num(e, nan=np.inf) < 120)
+        valid = e[~np.isnan(e)]
+        if len(valid):
+            st.prev_elapsed = float(valid[-1])
+    brk = clock.copy()
+    # the banner rule is sequential (activity counts from the latest start), but only banner lines are visited
+    done = np.concatenate([[0], np.cumsum(lines.active)])  # done[i]: active lines before row i
+    seg_from, was_active = 0, st.active
+    for i in np.flatnonzero(lines.bound | clock):
+        if clock[i] or was_active or done[i] > done[seg_from]:
+            brk[i] = True
+            seg_from, was_active = i, False
+    return brk
+
+
+def _task_id_breaks(lines: _Segmenting, brk: np.ndarray, st: KeyState) -> np.ndarray:
+    """A process hands out task ids in increasing order, so a slot starting a task whose id is lower than its
+    previous task's and no higher than any this process started (ids back at 0, two logs pasted one after the
+    other without a banner between) is a new process.  A task deferred behind a later one on its slot is not
+    (its id is above the process's lowest)."""
+    out = np.zeros(len(brk), dtype=bool)
+    rows = np.flatnonzero(lines.start_task >= 0)
+    if len(rows):
+        seg = np.cumsum(brk)[rows]
+        df = pl.DataFrame({"seg": seg, "slot": lines.start_slot[rows].astype(np.int64), "task": lines.start_task[rows]})
+        carried = pl.DataFrame({"slot": [int(k) for k in st.slot_start], "_carried": list(st.slot_start.values())},
+                               schema={"slot": pl.Int64, "_carried": pl.Int64})
+        first = pl.col("seg") == 0
+        df = df.with_row_index("_i").join(carried, on="slot", how="left").sort("_i").with_columns(
+            pl.col("task").shift(1).over("seg", "slot").alias("_prev"),
+            pl.col("task").cum_min().shift(1).over("seg").alias("_min"))
+        low = st.min_task if st.min_task is not None else None
+        df = df.with_columns(
+            pl.when(first).then(pl.coalesce("_prev", "_carried")).otherwise("_prev").alias("_prev"),
+            pl.when(first & pl.lit(low is not None)).then(pl.min_horizontal("_min", pl.lit(low))).otherwise("_min")
+            .alias("_min"))
+        back = df.select((pl.col("task") < pl.col("_prev")) & (pl.col("task") <= pl.col("_min"))).to_series()
+        out[rows[back.fill_null(False).to_numpy()]] = True
+    _remember_starts(lines, brk | out, rows, st)
+    return out
+
+
+def _remember_starts(lines: _Segmenting, brk: np.ndarray, rows: np.ndarray, st: KeyState) -> None:
+    """The latest started task per slot and the lowest started task id of the chunk's last process."""
+    cut = np.flatnonzero(brk)
+    if len(cut):
+        st.slot_start, st.min_task = {}, None
+        rows = rows[rows >= cut[-1]]
+    if not len(rows):
+        return
+    slots, tasks = lines.start_slot[rows][::-1].astype(np.int64), lines.start_task[rows][::-1]
+    _, latest = np.unique(slots, return_index=True)  # the first of each slot in reverse: its latest start
+    st.slot_start.update({str(int(slots[i])): int(tasks[i]) for i in latest})
+    low = int(tasks.min())
+    st.min_task = low if st.min_task is None else min(st.min_task, low)
 
 
 def pd_ffill(a: np.ndarray) -> np.ndarray:
