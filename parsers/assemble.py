@@ -27,6 +27,14 @@ class Roles:
     def __call__(self, *roles: str) -> tuple[str, ...]:
         return self.fmt.with_role(*roles)
 
+    def block_end(self) -> tuple[str, ...]:
+        """The timing lines that say their request has ended: a block's total line, or a text block's
+        generation line (printed with the block once the request ended; the text may cut the total after it).
+        A prompt-eval line alone does not (2026 builds print it once the prompt is done), nor a record's
+        generation line without the block's total record (a record is often pasted cut short)."""
+        return tuple(k.name for k in self.fmt.kinds
+                     if k.role == "timing_total" or (k.role == "timing_eval" and k.frame == "text"))
+
 
 # Lines that open a request of their own with no slot or task logged (role synth_start: era 1's
 # `llama_print_timings` block, one context, one request per block): slot 0, task = the line number (a join
@@ -60,16 +68,45 @@ class _Segmenting:
     start_task: np.ndarray
 
 
+ERROR_LEVELS = ("E", "ERR", "ERROR", "F", "FATAL", "CRIT", "CRITICAL")
+
+
+def derive_facts(ev: pl.DataFrame) -> pl.DataFrame:
+    """The facts a person works out from a line's own fields, each worked out here only:
+
+    * a progress line's ``n_decoded + n_remaining`` is the request's output cap (``n_remaining = -1``: no cap);
+    * a metrics task's idle plus processing slots are the instance's slot count;
+    * a line that states a failure in words (role ``failure``) is an error unless it carries a level, and then
+      its level decides (the server's own judgement: era 5 prints ``W decode: failed to find a memory slot``).
+    """
+    out = []
+    if {"gen_tokens", "n_remaining"} <= set(ev.columns):
+        cap = pl.when(pl.col("n_remaining") == -1).then(-1).otherwise(pl.col("gen_tokens") + pl.col("n_remaining"))
+        out.append((pl.coalesce("n_predict", cap) if "n_predict" in ev.columns else cap).alias("n_predict"))
+    if {"n_idle_slots", "n_processing_slots"} <= set(ev.columns):
+        busy = pl.col("n_idle_slots") + pl.col("n_processing_slots")
+        out.append((pl.coalesce("n_slots", busy) if "n_slots" in ev.columns else busy).alias("n_slots"))
+    if "role" in ev.columns:
+        levels = [c for c in ("level", "json_level") if c in ev.columns]
+        level = pl.coalesce(*levels).cast(pl.String).str.to_uppercase() if levels else pl.lit(None, dtype=pl.String)
+        stated = (pl.col("role") == "failure") & (level.is_null() | level.is_in(ERROR_LEVELS))
+        out.append(pl.when(stated).then(pl.lit("error").cast(ev.schema["role"])).otherwise(pl.col("role"))
+                   .alias("role"))
+    return ev.with_columns(out) if out else ev
+
+
 def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
     """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk.
 
-    A new server process (instance segment) starts at the first start-up banner line after the current one
+    The derived facts (``derive_facts``) are worked out first, so every event written has them.  A new server
+    process (instance segment) starts at the first start-up banner line after the current one
     served a request or ended (a shutdown, a fatal argument error, a crash), where the elapsed clock starts
     again near zero, or where task ids come back (``_task_id_breaks``).  Lines before a process's first banner
     line (device probes, a download) are its own: nothing before the banner served a request.
     """
     if ev.height == 0:
         return ev.with_columns(pl.lit(-1, dtype=pl.Int64).alias("ikey"), pl.lit(1, dtype=pl.Int64).alias("instance_no"))
+    ev = derive_facts(ev)
     if "router_port" in ev.columns:
         ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
     else:
@@ -236,21 +273,39 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
       (era-2 ``print_timings``, which precede their ``slot N released``).  Only within one chunk: a
       timing block whose release line falls in the next chunk keeps no slot (chunks are 32 MiB).
     * ``synth_start`` lines get slot 0 and their line number as task (era 1).
+    * What is still without a slot after that: ``_orphan_blocks`` and ``_tie_untagged_errors``.
     """
-    inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
-    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
-    if (not inheritors and not next_inh) or ev.height == 0:
+    if ev.height == 0:
         return ev
     if "slot" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("slot"))
     if "task" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
+    la = _inherit_declared(ev, fmt, state)
+    errors = ev["kind"].is_in(list(fmt.with_role("error"))) & ev["task"].is_null()
+    if errors.any():
+        la = la if la is not None else _line_arrays(ev)
+        _tie_untagged_errors(la, ev, fmt)
+    if la is None:
+        return ev
+    return ev.with_columns(
+        pl.Series("slot", la.slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+        pl.Series("task", la.task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+    )
+
+
+def _inherit_declared(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> _LineArrays | None:
+    """The ``inherit`` / ``inherit_next`` / ``synth_start`` rules (None: no line needs or sets anything)."""
+    inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
+    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
+    if not inheritors and not next_inh:
+        return None
     synth_kinds = list(fmt.with_role("synth_start"))
     takers_all = [*inheritors, *next_inh, *synth_kinds]
     missing = ev["kind"].is_in(takers_all) & (ev["slot"].is_null() | ev["task"].is_null())
     headers = {*inheritors.values(), *next_inh.values()}
     if not missing.any() and not ev["kind"].is_in(list(headers)).any():
-        return ev  # e.g. era 5: every line carries its slot and task, and no header state to carry
+        return None  # e.g. era 5: every line carries its slot and task, and no header state to carry
     la = _line_arrays(ev)
     synth = np.isin(la.kinds, synth_kinds) & np.isnan(la.slot)
     la.slot[synth] = 0
@@ -265,10 +320,72 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
             _inherit_latest_header(la, idx, st, header, takers)
         for header in set(next_inh.values()):
             _inherit_next_header(la, idx, header, [k for k, h in next_inh.items() if h == header])
-    return ev.with_columns(
-        pl.Series("slot", la.slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
-        pl.Series("task", la.task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
-    )
+    if missing.any():
+        _orphan_blocks(la, keys, fmt, [*inheritors, *next_inh])
+    return la
+
+
+def _groups(keys: np.ndarray, inst: np.ndarray) -> list[np.ndarray]:
+    """The rows of each instance (router key and instance number), each in line order."""
+    code = keys.astype(np.int64) * (1 << 32) + inst.astype(np.int64)
+    return [np.flatnonzero(code == c) for c in np.unique(code)]
+
+
+def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[str]) -> None:
+    """Timing lines whose header the text does not have (an excerpt that starts inside a timing block, a user who
+    pasted only the block).  A run of them directly followed by a release line is that task's (the block is
+    printed just before its task's release); a run holding a timing or n_ctx_train cap line that no release
+    follows is a request of its own, as in era 1: slot 0, the run's first line number as its task."""
+    prompt = np.isin(la.kinds, list(fmt.with_role("timing_prompt")))
+    ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
+    release = np.isin(la.kinds, list(fmt.with_role("release"))) & ~np.isnan(la.slot) & ~np.isnan(la.task)
+    taker = np.isin(la.kinds, takers)
+    for idx in _groups(keys, la.inst):
+        o = taker[idx] & np.isnan(la.slot[idx])
+        if not o.any():
+            continue
+        begins = o & (~np.concatenate([[False], o[:-1]]) | prompt[idx])
+        pos = np.flatnonzero(o)
+        block = np.cumsum(begins)[pos] - 1  # the run each orphan row is in, from 0
+        first = pos[np.flatnonzero(begins[pos])]
+        last = pos[np.concatenate([np.flatnonzero(np.diff(block)), [len(pos) - 1]])]
+        nxt = np.minimum(last + 1, len(idx) - 1)
+        followed = (last + 1 < len(idx)) & release[idx[nxt]]
+        holds = np.add.reduceat(ending[idx[pos]].astype(np.int64), np.flatnonzero(begins[pos])) > 0
+        rows = idx[pos]
+        to_release = followed[block]
+        la.slot[rows[to_release]] = la.slot[idx[nxt[block[to_release]]]]
+        la.task[rows[to_release]] = la.task[idx[nxt[block[to_release]]]]
+        own = ~followed[block] & holds[block]
+        la.slot[rows[own]] = 0
+        la.task[rows[own]] = la.line[idx[first[block[own]]]]
+
+
+def _tie_untagged_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
+    """An error line that names no task (``got exception: {...500...}``), printed after a task's release or
+    cancel and before any other task starts or ends, with the next HTTP line a failure (status >= 400), is that
+    task's: nothing else can have failed (a tool-call parse failure after a normal release)."""
+    err = np.isin(la.kinds, list(fmt.with_role("error"))) & np.isnan(la.task)
+    end = np.isin(la.kinds, list(fmt.with_role("release", "cancel"))) & ~np.isnan(la.task)
+    begin = np.isin(la.kinds, list(fmt.with_role("start")))
+    http = np.isin(la.kinds, list(fmt.with_role("http")))
+    status = ev["status"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "status" in ev.columns else None
+    if status is None or not http.any():
+        return
+    for idx in _groups(ev["ikey"].to_numpy(), la.inst):
+        mark = end[idx] | begin[idx] | http[idx]
+        if not (err[idx].any() and mark.any()):
+            continue
+        at = np.where(mark, np.arange(len(idx)), -1)
+        prev = np.maximum.accumulate(at)  # the latest marker at or before each row
+        nxt = np.where(mark, np.arange(len(idx)), len(idx))[::-1]
+        nxt = np.minimum.accumulate(nxt)[::-1]  # the next marker at or after each row
+        e = np.flatnonzero(err[idx])
+        p, q = prev[e], nxt[e]
+        ok = (p >= 0) & (q < len(idx))
+        e, p, q = e[ok], p[ok], q[ok]
+        tie = end[idx[p]] & http[idx[q]] & (status[idx[q]] >= 400)
+        la.task[idx[e[tie]]] = la.task[idx[p[tie]]]
 
 
 def _line_arrays(ev: pl.DataFrame) -> _LineArrays:
@@ -408,8 +525,9 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
 
     return req.with_columns(
         only(role("start"), "line_no").alias("_start"),
-        # era 1 runs one request at a time: its HTTP line may sit inside its timing block
-        only(role("release", "timing_total", "synth_start"), "line_no").alias("_close"),
+        # where the request ended, for its HTTP line: its release, its timing block (printed once it ended; era 1
+        # runs one request at a time, so its HTTP line may sit inside the block), a cancel or an error
+        only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no").alias("_close"),
         only(role("prompt", "error", "ctx_train_cap"), "prompt_tokens").alias("_pt"),
         only(role("prompt_alt"), "prompt_tokens").alias("_pt_alt"),
         only(role("kv_trim"), "p0").alias("_p0"),
@@ -430,7 +548,7 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
         k.is_in(role("release")).alias("_rel"),
-        k.is_in(role("timing_total")).alias("_tim"),  # the last line of a timing block
+        k.is_in(role.block_end()).alias("_tim"),
         k.is_in(role("synth_start")).alias("_synth"),
     )
 
@@ -519,6 +637,8 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
     keys = ["ikey", "instance_no"]
     if close is None:
         close = pl.coalesce("close_line", "line_last")
+    if "line_first" in req.columns:
+        close = pl.lit(_in_flight_close(req, http, close))
     closes = (req.select(*keys, close.alias("_pos"))
               .with_row_index("_ri").filter(pl.col("_pos").is_not_null()).sort("_pos", "_ri")
               .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(keys).alias("_rank")))
@@ -540,6 +660,25 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
                        pl.col("_hl").alias("http_line"))
     return (req.drop("http_status", "http_path", "http_line").with_row_index("_ri")
             .join(tied, on="_ri", how="left", maintain_order="left").drop("_ri"))
+
+
+def _in_flight_close(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr) -> pl.Series:
+    """Each request's end for the FIFO rule: its close, or the first POST line printed while it was the only
+    request of its instance in flight (begun at or before the line, not closed before it), if that comes first.
+    A streamed response's line is written when the stream closes, which can be before the task's timings and
+    release (even before its sampler is set up), with the status sent when the stream began; no other request
+    can be answered then, and a request that closed earlier and still waits for its line still comes first in the
+    queue."""
+    keys = ["ikey", "instance_no"]
+    spans = req.with_row_index("_ri").select(*keys, "_ri", pl.coalesce("start_line", "line_first").alias("_from"),
+                                             close.alias("_to"))
+    # (a failure status inside a task's span is the handler refusing some other request: --jinja missing, ...)
+    posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64).alias("_h"))
+    inside = (pl.col("_from") <= pl.col("_h")) & (pl.col("_to").is_null() | (pl.col("_to") >= pl.col("_h")))
+    live = posts.join(spans.filter(pl.col("_from").is_not_null()), on=keys).filter(inside)
+    solo = live.filter(pl.len().over(*keys, "_h") == 1).group_by("_ri").agg(pl.col("_h").min())
+    out = spans.join(solo, on="_ri", how="left").sort("_ri")
+    return out.select(pl.min_horizontal("_to", "_h")).to_series()
 
 
 def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
@@ -575,8 +714,11 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         # a request's end is logged by its release line or its timings (printed once it finished), or an error
         (pl.col("has_release") | pl.col("has_timings") | pl.col("error").is_not_null()).alias("complete"),
     )
+    # reaching the slot's context stops generation only: a prompt that exactly fills the slot and generates
+    # nothing (an embedding) ended normally
+    generated = pl.coalesce("gen_tokens", pl.col("n_past_end") - pl.col("prompt_tokens")).fill_null(1) > 0
     at_ctx = (pl.col("n_ctx_slot").is_not_null() & pl.col("n_past_end").is_not_null()
-              & (pl.col("n_past_end") >= pl.col("n_ctx_slot") - 1))
+              & (pl.col("n_past_end") >= pl.col("n_ctx_slot") - 1) & generated)
     stop = (
         pl.when(pl.col("error").is_not_null()).then(pl.lit("error"))
         .when(pl.col("cancelled")).then(pl.lit("cancelled"))
@@ -771,18 +913,17 @@ class RequestBuilder:
         latest = slotted.group_by("ikey", "instance_no", "slot").agg(began.max().alias("_latest"))
         last_inst = slotted.group_by("ikey").agg(pl.col("instance_no").max().alias("_last_inst"))
         s = slotted.join(latest, on=["ikey", "instance_no", "slot"], how="left").join(last_inst, on="ikey", how="left")
-        if final_all:
-            is_final = pl.lit(True)
-        else:
-            is_final = (began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))
-        s = s.with_columns(is_final.alias("_final")).drop("_latest", "_last_inst")
-        # a request still open with no close line may yet log lines: its last line is not its close yet
-        close = pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last")))
+        superseded = (began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))
+        s = s.with_columns((pl.lit(True) if final_all else superseded).alias("_final"), superseded.alias("_over"))
+        s = s.drop("_latest", "_last_inst")
+        # a request with no close line ended where its slot's next task began; one still running when the text
+        # ends (or this chunk does) has not ended, so no HTTP line is its yet
+        close = pl.coalesce("close_line", pl.when(pl.col("_over")).then(pl.col("line_last")))
         matched = match_http(s.sort("line_first"), self._http_for_match(), close)
         if not final_all:
             matched = matched.with_columns((pl.col("_final") & ~self._awaits_http(close, last_line)).alias("_final"))
-        final = matched.filter(pl.col("_final")).drop("_final")
-        still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path", "http_line")
+        final = matched.filter(pl.col("_final")).drop("_final", "_over")
+        still = matched.filter(~pl.col("_final")).drop("_final", "_over", "http_status", "http_path", "http_line")
         self._consume_http(final, final_all, last_line)
         final = final.drop("http_line")
         if final_all:

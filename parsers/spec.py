@@ -36,7 +36,7 @@ DATA_FILES = {"fields.toml", "wrappers.toml", "frames.toml"}
 ROLES = {
     "start", "synth_start", "release", "prompt", "prompt_alt", "truncate", "cache", "kv_trim", "timing_header",
     "timing_prompt", "timing_eval", "timing_total", "progress", "error", "cancel", "context_shift",
-    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "other",
+    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "failure", "other",
 }
 IDENTITY = {"slot", "task"}  # fields that say whose a line is, not a fact about it (a skipped line may name them)
 # Old format names that still work with --format.
