@@ -337,6 +337,7 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
     printed just before its task's release); a run holding a timing or n_ctx_train cap line that no release
     follows is a request of its own, as in era 1: slot 0, the run's first line number as its task."""
     prompt = np.isin(la.kinds, list(fmt.with_role("timing_prompt")))
+    total = np.isin(la.kinds, list(fmt.with_role("timing_total")))
     ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
     release = np.isin(la.kinds, list(fmt.with_role("release"))) & ~np.isnan(la.slot) & ~np.isnan(la.task)
     taker = np.isin(la.kinds, takers)
@@ -344,7 +345,8 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
         o = taker[idx] & np.isnan(la.slot[idx])
         if not o.any():
             continue
-        begins = o & (~np.concatenate([[False], o[:-1]]) | prompt[idx])
+        # a block begins at its prompt line, or after the line before it ended one (its total)
+        begins = o & (~np.concatenate([[False], o[:-1]]) | prompt[idx] | np.concatenate([[False], total[idx][:-1]]))
         pos = np.flatnonzero(o)
         block = np.cumsum(begins)[pos] - 1  # the run each orphan row is in, from 0
         first = pos[np.flatnonzero(begins[pos])]
@@ -543,7 +545,7 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         only(role("release"), "n_past").alias("_npast"),
         only(role("release"), "truncated").cast(pl.Int8).alias("_trunc"),
         only(role("error"), "error").alias("_err"),
-        only(role("progress", "stop", "ctx_train_cap"), "gen_tokens").alias("_gprog"),
+        only(role("progress", "stop", "ctx_train_cap", "timing_total"), "gen_tokens").alias("_gprog"),
         k.is_in(role("context_shift")).alias("_shift"),
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
@@ -806,7 +808,7 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
         raw = ev["abs_raw"]
         kind = raw.str.split_exact("|", 1).struct.field("field_0")
         val = raw.str.split_exact("|", 1).struct.field("field_1")
-        iso = val.str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
+        iso = val.str.replace("][", "T", literal=True).str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
             r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
         iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
         zoned = iso.str.contains(r"[+-]\d\d:\d\d$")
