@@ -282,10 +282,11 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
     if "task" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
     la = _inherit_declared(ev, fmt, state)
-    errors = ev["kind"].is_in(list(fmt.with_role("error"))) & ev["task"].is_null()
+    errors = ev["kind"].is_in(list(fmt.with_role("error")))
     if errors.any():
         la = la if la is not None else _line_arrays(ev)
         _tie_untagged_errors(la, ev, fmt)
+        _tie_slot_task_errors(la, ev, fmt)
     if la is None:
         return ev
     return ev.with_columns(
@@ -361,6 +362,26 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
         own = ~followed[block] & holds[block]
         la.slot[rows[own]] = 0
         la.task[rows[own]] = la.line[idx[first[block[own]]]]
+
+
+def _tie_slot_task_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
+    """Where requests are keyed by their own id and carry no slot (llama-box's rid), an error that names a slot's
+    task (``send_error: task 40 | ...``), which no line of the text otherwise names, belongs to the request in
+    flight when exactly one is."""
+    starts = np.isin(la.kinds, list(fmt.with_role("start"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    if not starts.any():
+        return
+    ends = np.isin(la.kinds, list(fmt.with_role("release"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    err = np.isin(la.kinds, list(fmt.with_role("error"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    for idx in _groups(ev["ikey"].to_numpy(), la.inst):
+        named = set(la.task[idx][~err[idx]].tolist())
+        for j in np.flatnonzero(err[idx]):  # requests keyed by id are rare, their errors rarer
+            if la.task[idx[j]] in named:
+                continue
+            before = idx[:j]
+            open_ = set(la.task[before][starts[before]].tolist()) - set(la.task[before][ends[before]].tolist())
+            if len(open_) == 1:
+                la.task[idx[j]] = open_.pop()
 
 
 def _tie_untagged_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
@@ -535,7 +556,7 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         only(role("kv_trim"), "p0").alias("_p0"),
         pl.col("n_ctx_slot").alias("_nctx"),  # every line that states it states the slot's context
         only(role("truncate"), "truncated_prompt_tokens").alias("_tpt"),
-        only(role("cache"), "cached_tokens").alias("_cached"),
+        pl.col("cached_tokens").alias("_cached"),  # every line that states it states the cache hit
         only(role("timing_prompt"), "ms").alias("_pms"),
         only(role("timing_prompt"), "tokens").alias("_ptok"),
         pl.col("prompt_eval_tokens").alias("_peval"),
@@ -544,8 +565,9 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         only(role("timing_total"), "ms").alias("_tms"),
         only(role("release"), "n_past").alias("_npast"),
         only(role("release"), "truncated").cast(pl.Int8).alias("_trunc"),
+        only(role("release"), "status").alias("_status"),  # a release that states its HTTP status (llama-box)
         only(role("error"), "error").alias("_err"),
-        only(role("progress", "stop", "ctx_train_cap", "timing_total"), "gen_tokens").alias("_gprog"),
+        pl.col("gen_tokens").alias("_gprog"),  # a count so far or at the end: the largest is the latest
         k.is_in(role("context_shift")).alias("_shift"),
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
@@ -578,6 +600,7 @@ def _aggregate_requests(req: pl.DataFrame) -> pl.DataFrame:
         pl.col("_gtok").max().alias("gen_tokens"),
         pl.col("_tms").max().alias("total_ms"),
         pl.col("_npast").max().alias("n_past_end"),
+        pl.col("_status").max().alias("own_status"),
         (pl.col("_trunc").max() > 0).alias("truncated"),
         pl.col("_shift").any().alias("context_shift"),
         pl.col("_cancel").any().alias("cancelled"),
@@ -910,18 +933,27 @@ class RequestBuilder:
             loose = loose.filter(pl.col("slot_found").is_null()).drop("slot_found")
             merged = merge_partials([slotted, found])
             slotted = merged if merged.width else slotted.head(0)
-        # final: a later task started on the same slot, or a later instance on the same key (or the end)
+            # a request its log keys by its own id (llama-box's rid), opened by a start line with no slot
+            own = loose.filter(pl.col("start_line").is_not_null())
+            if own.height:
+                slotted = pl.concat([slotted, own], how="diagonal_relaxed") if slotted.height else own
+                loose = loose.filter(pl.col("start_line").is_null())
+        # final: a later task started on the same slot, or a later instance on the same key (or the end); a request
+        # with no slot once it closed (nothing of it follows its response line)
         began = pl.coalesce("start_line", "line_first")
         latest = slotted.group_by("ikey", "instance_no", "slot").agg(began.max().alias("_latest"))
         last_inst = slotted.group_by("ikey").agg(pl.col("instance_no").max().alias("_last_inst"))
         s = slotted.join(latest, on=["ikey", "instance_no", "slot"], how="left").join(last_inst, on="ikey", how="left")
-        superseded = (began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))
+        superseded = (pl.when(pl.col("slot").is_null()).then(pl.col("close_line").is_not_null())
+                      .otherwise((began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))))
         s = s.with_columns((pl.lit(True) if final_all else superseded).alias("_final"), superseded.alias("_over"))
         s = s.drop("_latest", "_last_inst")
         # a request with no close line ended where its slot's next task began; one still running when the text
         # ends (or this chunk does) has not ended, so no HTTP line is its yet
         close = pl.coalesce("close_line", pl.when(pl.col("_over")).then(pl.col("line_last")))
+        close = pl.when(pl.col("own_status").is_null()).then(close)  # a request that states its status takes no line
         matched = match_http(s.sort("line_first"), self._http_for_match(), close)
+        matched = matched.with_columns(pl.coalesce("own_status", "http_status").alias("http_status"))
         if not final_all:
             matched = matched.with_columns((pl.col("_final") & ~self._awaits_http(close, last_line)).alias("_final"))
         final = matched.filter(pl.col("_final")).drop("_final", "_over")
@@ -936,7 +968,7 @@ class RequestBuilder:
         if final.height == 0:
             return final
         done = finish_requests(final)
-        counts = done.group_by("ikey", "instance_no", "slot").agg(pl.len().alias("_n"))
+        counts = done.filter(pl.col("slot").is_not_null()).group_by("ikey", "instance_no", "slot").agg(pl.len().alias("_n"))
         if self.seq:
             keys = [k.split("/") for k in self.seq]
             prior = pl.DataFrame({"ikey": [int(k[0]) for k in keys], "instance_no": [int(k[1]) for k in keys],
