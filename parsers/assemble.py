@@ -111,7 +111,7 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
         ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
     else:
         ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
-    ev = ev.with_columns(ikey.alias("ikey"))
+    ev = ev.with_columns(_parallel_streams(ev, ikey).alias("ikey"))
     lines = _segmenting(ev, fmt)
     keys = ev["ikey"].to_numpy()
     inst = np.zeros(ev.height, dtype=np.int64)
@@ -131,6 +131,42 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
         last = np.flatnonzero(brk)
         st.active = bool(mine.active[last[-1] if len(last) else 0:].any()) or (st.active and not len(last))
     return ev.with_columns(pl.Series("instance_no", inst))
+
+
+def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
+    """Two servers writing into one log with no tag to tell them apart (ollama 2026 copies each model's server
+    into its own journal under one pid): a slot cannot run two tasks at once, so where two tasks' lines alternate
+    on one slot (each comes back after the other, neither released in between), the tasks whose spans on the slot
+    overlap belong to different servers.  The first server keeps its key; the tasks of the k-th get key -1 - k (instances of their own).  Only
+    lines without a router tag, within one chunk."""
+    if "slot" not in ev.columns or "task" not in ev.columns:
+        return ikey
+    lines = pl.DataFrame({"_i": np.arange(ev.height), "ikey": ikey, "slot": ev["slot"], "task": ev["task"],
+                          "_rel": ev["role"] == "release"}).filter(
+        (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
+    if lines.height < 4:
+        return ikey
+    # a task's lines after its own release are a later process's (a restart, a log pasted twice), not a parallel one
+    lines = lines.filter(pl.col("_rel").cast(pl.Int8).cum_sum().shift(1, fill_value=0).over("slot", "task") == 0)
+    runs = lines.with_columns((pl.col("task") != pl.col("task").shift(1).over("slot")).fill_null(True)
+                              .cum_sum().over("slot").alias("_run"))
+    per_task = runs.group_by("slot", "task").agg(pl.col("_run").n_unique().alias("_runs"), pl.col("_i").min()
+                                                   .alias("_from"), pl.col("_i").max().alias("_to"))
+    mixed = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    if mixed.is_empty():
+        return ikey
+    colours = []
+    for slot in mixed.to_list():  # interval colouring of the few alternating slots' tasks
+        ends: list[int] = []  # the last line of each stream's latest task on this slot
+        for task, first, last in per_task.filter(pl.col("slot") == slot).sort("_from").select(
+                "task", "_from", "_to").iter_rows():
+            k = next((k for k, end in enumerate(ends) if end < first), len(ends))
+            ends[k:k + 1] = [last]
+            colours.append((slot, task, k))
+    streams = pl.DataFrame(colours, schema={"slot": lines.schema["slot"], "task": lines.schema["task"],
+                                            "_k": pl.Int64}, orient="row")
+    moved = runs.join(streams.filter(pl.col("_k") > 0), on=["slot", "task"])
+    return ikey.scatter(moved["_i"].to_numpy(), (-1 - moved["_k"]).to_numpy())
 
 
 def _segmenting(ev: pl.DataFrame, fmt: Format) -> _Segmenting:
