@@ -111,6 +111,9 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
         ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
     else:
         ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
+    if "diff_old" in ev.columns and "quote" in ev.columns:  # a diff of two logs: its `> ` side is the second log
+        ikey = pl.select(pl.when(ev["quote"].is_not_null() & (ikey == -1)).then(-2).otherwise(ikey)).to_series()
+    ev = ev.drop([c for c in ("quote", "diff_old") if c in ev.columns])  # only what the wrapper says of the line
     ev = ev.with_columns(_parallel_streams(ev, ikey).alias("ikey"))
     lines = _segmenting(ev, fmt)
     keys = ev["ikey"].to_numpy()
@@ -555,7 +558,7 @@ REQUEST_FIELDS = {
     "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
     "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
     "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64}
+    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64}
 
 
 def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -579,8 +582,8 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
     group."""
     k = pl.col("kind")
 
-    def only(kinds: tuple[str, ...], col: str) -> pl.Expr:
-        return pl.when(k.is_in(kinds)).then(pl.col(col))
+    def only(kinds: tuple[str, ...], col: str | pl.Expr) -> pl.Expr:
+        return pl.when(k.is_in(kinds)).then(pl.col(col) if isinstance(col, str) else col)
 
     return req.with_columns(
         only(role("start"), "line_no").alias("_start"),
@@ -599,7 +602,8 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         only(role("timing_eval"), "ms").alias("_gms"),
         only(role("timing_eval"), "tokens").alias("_gtok"),
         only(role("timing_total"), "ms").alias("_tms"),
-        only(role("release"), "n_past").alias("_npast"),
+        # the tokens in the slot at release: n_past / n_tokens, era 2's `released (N tokens in cache)`
+        only(role("release"), pl.coalesce("n_past", "n_tokens_in_cache")).alias("_npast"),
         only(role("release"), "truncated").cast(pl.Int8).alias("_trunc"),
         only(role("release"), "status").alias("_status"),  # a release that states its HTTP status (llama-box)
         only(role("error"), "error").alias("_err"),
@@ -857,32 +861,48 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                    reference_is_start: bool = False) -> pl.DataFrame:
     """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch).
 
-    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name).  A
-    syslog date has no year: it is ``reference``'s year (the file's modification time, or the server's start
-    with ``reference_is_start``), one year less when that would put the line more than a day after the file was
-    last written (a log that began in December), one year more when it would put it before the start.
+    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name); where the
+    line's own record also states an epoch (``timestamp=``), the epoch wins: it names an instant, the stamp only
+    a local time.  A syslog date has no year: it is the year of the times other lines of the chunk state (an
+    epoch, a zoned ISO stamp) when there are any, else ``reference``'s (the file's modification time, or the
+    server's start with ``reference_is_start``), one year less when that would put the line more than a day after
+    the reference (a log that began in December), one year more when it would put it before the start.
     """
+    own, ev = _record_times(ev)
     out = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     if "abs_raw" in ev.columns:
         raw = ev["abs_raw"]
         kind = raw.str.split_exact("|", 1).struct.field("field_0")
         val = raw.str.split_exact("|", 1).struct.field("field_1")
-        iso = val.str.replace("][", "T", literal=True).str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
-            r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
+        iso = val.str.replace("][", "T", literal=True).str.replace(" ", "T").str.replace(",", ".").str.replace(
+            r"Z$", "+00:00").str.replace(r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
         iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
         zoned = iso.str.contains(r"[+-]\d\d:\d\d$")
         iso_z = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
         iso_n = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="us") \
             .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
         iso_dt = pl.select(pl.when(zoned).then(iso_z).otherwise(iso_n)).to_series()
+        ep_dt = epoch_to_dt(val)
+        stated = pl.concat([own, iso_z.filter(kind == "iso"), ep_dt.filter(kind == "epoch")]).drop_nulls()
+        if len(stated):  # a year the text states beats the file's modification time
+            reference, reference_is_start = stated.max(), False
         sys_dt = _syslog_times(val.filter(kind == "syslog"), reference, tz, reference_is_start)
         sys_full = pl.Series([None] * ev.height, dtype=pl.Datetime("us", "UTC")).scatter(
             (kind == "syslog").arg_true(), sys_dt) if len(sys_dt) else pl.Series([None] * ev.height,
                                                                                   dtype=pl.Datetime("us", "UTC"))
-        ep_dt = epoch_to_dt(val)
+        local = (kind == "syslog") | ((kind == "iso") & ~zoned)
         out = pl.select(
-            pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_full).when(kind == "epoch").then(ep_dt)
+            pl.when(local & own.is_not_null()).then(own)
+            .when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_full).when(kind == "epoch").then(ep_dt)
         ).to_series().alias("abs_time")
+    return ev.with_columns(out.fill_null(own).alias("abs_time"))
+
+
+def _record_times(ev: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+    """The instant each line's own record states (a JSON or key=value epoch, a JSON-lines time), and the events
+    with the elapsed clocks JSON lines carry filled in (``--log-jsonl``'s ``ts`` as M.SS.mmm.uuu, its ``time`` in
+    microseconds since start)."""
+    own = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     for col in ("epoch", "json_time"):
         if col in ev.columns:
             v = ev[col]
@@ -891,7 +911,7 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                                  .when(num > 1e8).then(num)).to_series()
             iso_dt = v.str.replace(r"Z$", "+00:00").str.replace(r"(\.\d{6})\d+", "$1").str.to_datetime(
                 "%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
-            out = out.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
+            own = own.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
             if col == "json_time":
                 # `--log-jsonl` "ts" is the elapsed clock; the text format's own prefix group leaves an
                 # all-null elapsed_s column behind, so fill rather than only create it
@@ -901,7 +921,11 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                     secs = elapsed_seconds(el)
                     ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s")
                                          if "elapsed_s" in ev.columns else secs)
-    return ev.with_columns(out.alias("abs_time"))
+    if "json_elapsed_us" in ev.columns:  # --log-jsonl's time: microseconds since the process started
+        secs = (ev["json_elapsed_us"].cast(pl.Float64, strict=False) / 1e6).alias("elapsed_s")
+        ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s") if "elapsed_s" in ev.columns
+                             else secs).drop("json_elapsed_us")
+    return own, ev
 
 
 HANDLER_ONLY_STATUS = (401, 403, 501, 503)  # answered by the HTTP handler, never by a slot (era 2 uses 404 for task errors)
