@@ -216,10 +216,10 @@ def _process_breaks(lines: _Segmenting, st: KeyState) -> np.ndarray:
 
 
 def _task_id_breaks(lines: _Segmenting, brk: np.ndarray, st: KeyState) -> np.ndarray:
-    """A process hands out task ids in increasing order, so a slot starting a task whose id is lower than its
-    previous task's and no higher than any this process started (ids back at 0, two logs pasted one after the
-    other without a banner between) is a new process.  A task deferred behind a later one on its slot is not
-    (its id is above the process's lowest)."""
+    """A process hands out task ids in increasing order and starts a task once, so a slot starting a task whose id
+    is not above its previous task's and no higher than any this process started (ids back at 0, two logs pasted
+    one after the other without a banner between) is a new process.  A task deferred behind a later one on its
+    slot is not (its id is above the process's lowest)."""
     out = np.zeros(len(brk), dtype=bool)
     rows = np.flatnonzero(lines.start_task >= 0)
     if len(rows):
@@ -236,7 +236,7 @@ def _task_id_breaks(lines: _Segmenting, brk: np.ndarray, st: KeyState) -> np.nda
             pl.when(first).then(pl.coalesce("_prev", "_carried")).otherwise("_prev").alias("_prev"),
             pl.when(first & pl.lit(low is not None)).then(pl.min_horizontal("_min", pl.lit(low))).otherwise("_min")
             .alias("_min"))
-        back = df.select((pl.col("task") < pl.col("_prev")) & (pl.col("task") <= pl.col("_min"))).to_series()
+        back = df.select((pl.col("task") <= pl.col("_prev")) & (pl.col("task") <= pl.col("_min"))).to_series()
         out[rows[back.fill_null(False).to_numpy()]] = True
     _remember_starts(lines, brk | out, rows, st)
     return out
