@@ -372,16 +372,17 @@ class _Segments:
         cut = np.searchsorted(rows, self.start[1:])
         return [(i, part) for i, part in enumerate(np.split(rows, cut)) if len(part)]
 
-    def pieces(self, i: int, pieces: list[pl.DataFrame]) -> list[pl.DataFrame]:
-        """The typed-field frames of file ``i``'s lines, their rows counted from its first line."""
+    def pieces(self, pieces: list[pl.DataFrame]) -> list[list[pl.DataFrame]]:
+        """The typed-field frames of each file's lines (one partition of each frame), their rows counted from the
+        file's first line."""
         if self.count == 1:
-            return pieces
-        lo, hi = int(self.start[i]), int(self.end[i])
-        out = []
+            return [pieces]
+        out: list[list[pl.DataFrame]] = [[] for _ in range(self.count)]
         for pc in pieces:
-            mine = pc.filter((pl.col("__row") >= lo) & (pl.col("__row") < hi))
-            if mine.height:
-                out.append(mine.with_columns(pl.col("__row") - lo))
+            file_of = np.searchsorted(self.start, pc["__row"].to_numpy(), side="right") - 1
+            tagged = pc.with_columns(pl.Series("__file", file_of), (pl.col("__row") - self.start[file_of]))
+            for (i,), part in tagged.partition_by("__file", as_dict=True, maintain_order=True).items():
+                out[int(i)].append(part.drop("__file"))
         return out
 
     def cols(self, i: int, cols: dict[str, pl.Series], order: list[str]) -> dict[str, pl.Series]:
@@ -570,7 +571,8 @@ class Engine:
         carry_codes = np.array([self.kind_index.get(c.last_kind, -1) if c.last_kind is not None else -1
                                 for c in carries], dtype=np.int64)
         cont, cont_skip, ff = self._continuations(kind_of, lines, seg, carry_codes)
-        out = [self._result(i, seg, (kind_of, cont, cont_skip, ff), (raw, pieces, lines), carries[i])
+        by_file = seg.pieces(pieces)
+        out = [self._result(i, seg, (kind_of, cont, cont_skip, ff), (raw, by_file[i], lines), carries[i])
                for i in range(len(chunks))]
         for res, names in zip(out, seen, strict=True):
             res.wrappers_seen = names
@@ -598,7 +600,7 @@ class Engine:
             carry.last_kind = self.kinds[kind_of[recognised[-1]]].name
         first_rec = int(recognised[0]) if len(recognised) else n
         line_no = pl.Series("line_no", np.arange(seg.first_line_no[i], seg.first_line_no[i] + n, dtype=np.int64))
-        events = self._events(seg.pieces(i, pieces), line_no, seg.cols(i, lines.cols, lines.order.get(i, [])))
+        events = self._events(pieces, line_no, seg.cols(i, lines.cols, lines.order.get(i, [])))
         unp_idx = np.flatnonzero(unparsed_mask)
         unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx + lo)})
         parsed = int(counts[~self._is_skip[:-1]].sum()) + int(cont.sum() - cont_skip.sum())

@@ -212,6 +212,11 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     return pl.Series("line", arr, dtype=pl.String)
 
 
+def lines_of(block: bytes) -> pl.Series:
+    """The lines of a block that ends with a newline, cut as a chunk's are."""
+    return _to_series(block, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10))
+
+
 def _valid_utf8(block: bytes) -> bool:
     """The whole block decodes: its newlines are characters of their own, so each line then decodes too (a
     character cut by a newline, or a line starting inside one, makes the block invalid)."""
