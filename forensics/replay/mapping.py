@@ -60,6 +60,8 @@ FORMATS = ("json", "jsonl", "csv")
 LAYOUTS = ("records", "parallel_arrays")
 FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional"}
 _MISSING = object()
+REFUSED_HINT = ("a mapping expression reads only its record's fields: files, network, tables, extensions, secrets and "
+                "settings are off")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -262,6 +264,9 @@ def _check_sql(expr: Any, where: str, src: str) -> None:
         raise MappingError(f"{where}: sql must be a non-empty SQL expression", path=src)
     try:
         mapsql.field_refs(expr)
+    except mapsql.Refused as exc:
+        raise MappingError(f"{where}: refused: {exc}", path=src,
+                           hint=REFUSED_HINT) from None
     except mapsql.ExpressionError as exc:
         raise MappingError(f"{where}: not a SQL expression: {exc}", path=src,
                            hint="DuckDB SQL over the record's fields, e.g. \"CASE WHEN code >= 400 THEN 'failed' "
@@ -542,6 +547,9 @@ def _expressions(section: Section, rows: list[_Row], df: DataFile, mapping: Mapp
     try:
         res = mapsql.evaluate(exprs, section.where, [r.obj for r in rows], _csv_top if df.fmt == "csv" else _top,
                               specials)
+    except mapsql.Refused as exc:
+        raise MappingError(f"[{sec}] refused: {exc} (reading {data})", path=mapping.source,
+                           hint=REFUSED_HINT) from None
     except mapsql.ExpressionError as exc:
         raise MappingError(f"[{sec}] {exc} (reading {data})", path=mapping.source,
                            hint="fix the expression; DuckDB SQL over the record's fields") from None
