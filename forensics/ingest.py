@@ -318,6 +318,7 @@ class IngestOptions:
     keep_going: bool = False  # --keep-going: a file that cannot be read does not fail the others
     mapping: Path | str | None = None  # --mapping: how to read a harness's own records
     tz: str = "UTC"  # --tz: the zone of log times written without one
+    exclude: tuple[str, ...] = ()  # --exclude: globs of files not to read (names, or paths below a folder)
 
 
 class Ingestor:
@@ -337,6 +338,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
+        self.named: set[str] = set()  # records files named on the command line (a mapping tries them by content)
         self.loaded_mapping: Mapping | None = None  # the --mapping, loaded (its files globs decide what it reads)
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
@@ -397,6 +399,8 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(replace(now, format="empty"))
                 return
+            if replay_sidefiles().take(self, path, root, now):  # a server dump read, or another data file passed
+                return
             if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
                 self.result.files.append(FileReport(str(path), "not a log", "skipped",
                                                     message=f"a {path.suffix} file that is not a log: not read"))
@@ -447,8 +451,11 @@ class Ingestor:
 
         kind = replay.detect(path)
         mp = self.loaded_mapping
-        if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
-            kind = "mapped"
+        if kind is None and mp is not None and (mp.names(path) or (named and (not mp.has_globs or
+                                                                             detect_format(path) is None))):
+            kind = "mapped"  # a file named with --mapping that no glob names is tried by content (a renamed file)
+            if named:
+                self.named.add(str(path))
         if kind is not None:
             self._queue_records(path, kind, run)
         return kind is not None
@@ -871,6 +878,19 @@ def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
 
 
+def _dumped_runs(ing: Ingestor) -> list[str]:
+    """The runs a /metrics dump was read into by this ingest."""
+    fids = [file_id_of(Path(f.path)) for f in ing.result.files if f.kind == "server:metrics" and f.status == "ingested"]
+    return sorted({str(ing.files_meta[fid].get("run")) for fid in fids if fid in ing.files_meta})
+
+
+def replay_sidefiles() -> Any:
+    """forensics.replay.sidefiles: what a run folder holds besides logs and records (imported when needed)."""
+    from forensics.replay import sidefiles
+
+    return sidefiles
+
+
 def check_tz(tz: str) -> str:
     """``tz`` if it is a time zone polars knows (IANA names such as Europe/Berlin, or UTC)."""
     try:
@@ -890,6 +910,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     files, hidden = discover(paths)
     inside = store_path.resolve()
     files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
+    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)]
+    files = [(f, r) for f, r in files if f not in left_out]
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
@@ -907,6 +929,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
+        if left_out:
+            ing.result.warnings.append(f"left out {len(left_out)} file{'s' if len(left_out) > 1 else ''} by --exclude "
+                                       f"(e.g. {left_out[0]})")
         _ingest_each(ing, files)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
@@ -915,6 +940,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
                 _ingest_records(ing, store)
             finally:
                 ing.keep_going = wanted
+        passed = replay_sidefiles().skipped_line(ing.result.files)
+        if passed:
+            ing.result.warnings.append(passed)
         ing.txn.meta_updates["files"] = ing.files_meta
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
@@ -922,6 +950,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         ing.txn.commit()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
+        ing.result.warnings.extend(replay_sidefiles().counter_notes(store, _dumped_runs(ing)))
         ing.result.compacted = _compact_when_many(store)
         if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
@@ -1078,7 +1107,7 @@ def _ingest_records(ing: Ingestor, store: Store) -> None:
     reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:") or f.status == "error"}
     for path, _kind, run, mapping in ing.records:
         rep = reports.get(str(path))
-        if rep is None or rep.status == "error":
+        if rep is None or rep.status in ("error", "skipped"):
             continue
         stat = path.stat()
         found = FileState.found(path, file_id_of(path), run, stat, hashlib.sha256(read_head(path, 4096)).hexdigest())

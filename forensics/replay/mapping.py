@@ -713,21 +713,102 @@ class Mapped:
     reads_attempts: bool = False  # the attempts section applies to this file (by its files globs)
 
 
-def apply(mapping: Mapping, data: Path | str) -> Mapped:
+class ForeignFile(MappingError):
+    """A data file that has none of the fields a mapping reads: another tool's file, not a broken one of this tool."""
+
+
+def apply(mapping: Mapping, data: Path | str, *, by_content: bool = False) -> Mapped:
     """Raw (canonical-shaped, not yet validated) records of ``data`` read through ``mapping``.
 
+    The sections whose ``files`` globs name the file read it.  With ``by_content`` (a file the user named
+    with this mapping: a renamed file), a file no glob names is tried against each section in turn, and the
+    sections that fit it read it.
+
     Raises MappingError when the mapping does not fit the file: a field it names that no record has, an
-    expression DuckDB rejects, or neither section finding anything there."""
+    expression DuckDB rejects, or neither section finding anything there (by content: which sections were
+    tried and why each failed); ForeignFile (a MappingError) when the file has none of the fields the mapping
+    reads at all."""
     data = Path(data)
     df = read_data(mapping, data)
+    named = [name for name, sec in _named_sections(mapping) if sec.applies_to(data)]
+    if named or not by_content:
+        return _guarded(mapping, data, df, tuple(named))
+    failures: list[str] = []
+    fits: list[str] = []
+    for name, sec in _named_sections(mapping):
+        try:
+            tried = _guarded(mapping, data, df, (name,))
+        except MappingError as exc:
+            failures.append(f"[{name}]{_globs_said(sec)}: {_reason(exc)}")
+            continue
+        if tried.records:
+            fits.append(name)
+        else:
+            failures.append(f"[{name}]{_globs_said(sec)}: nothing there")
+    if fits:
+        return _guarded(mapping, data, df, tuple(fits))
+    raise MappingError(f"{data.name}: no table of mapping {mapping.name} fits it by content: {'; '.join(failures)}",
+                       path=mapping.source, hint="is this a file of that tool? (a mapping of your own reads any layout)")
+
+
+def _named_sections(mapping: Mapping) -> list[tuple[str, Section]]:
+    return [(n, s) for n, s in (("manifest", mapping.manifest), ("attempts", mapping.attempts)) if s is not None]
+
+
+def _globs_said(sec: Section) -> str:
+    return f" (files {', '.join(sec.files)})" if sec.files else ""
+
+
+def _reason(exc: MappingError) -> str:
+    return exc.message.split("] ", 1)[-1] if exc.message.startswith("[") else exc.message
+
+
+def _guarded(mapping: Mapping, data: Path, df: DataFile, sections: tuple[str, ...]) -> Mapped:
+    try:
+        return _apply(mapping, data, df, sections)
+    except ForeignFile:
+        raise
+    except MappingError as exc:
+        used = [s for n, s in _named_sections(mapping) if n in sections]
+        if not any(_top_keys(df) & _top_fields(s) for s in used):
+            raise ForeignFile(f"{data.name} has none of the fields mapping {mapping.name} reads (it has: "
+                              f"{', '.join(sorted(_top_keys(df))[:12]) or 'none'})", path=mapping.source) from exc
+        raise
+
+
+def _top_keys(df: DataFile) -> set[str]:
+    """The top-level keys of the file's documents and of its first records."""
+    keys: set[str] = set()
+    for doc in df.docs[:50]:
+        for obj in (doc if isinstance(doc, list) else [doc])[:50]:
+            if isinstance(obj, dict):
+                keys |= set(obj)
+    return keys
+
+
+def _top_fields(sec: Section) -> set[str]:
+    """The first segments of the paths and expression fields a section reads (what a file of its tool has)."""
+    names = {p.split(".")[0] for p in sec.paths if p and not p.startswith("*")}
+    for spec in sec.fields:
+        for p in spec.alternatives or ((spec.path,) if spec.path else ()):
+            if not p.startswith("$"):
+                names.add(p.split(".")[0])
+            elif p.startswith(DOC):
+                names.add(p[len(DOC):].split(".")[0])
+        if spec.sql:
+            names |= {r[0] for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS}
+    return names
+
+
+def _apply(mapping: Mapping, data: Path, df: DataFile, sections: tuple[str, ...]) -> Mapped:
     out = Mapped([])
     base = data.resolve().parent
     manifests = 0
-    if mapping.manifest is not None and mapping.manifest.applies_to(data):
+    if mapping.manifest is not None and "manifest" in sections:
         for raw in _apply_manifest(mapping, mapping.manifest, df, base):
             out.records.append(raw)
             manifests += 1
-    if mapping.attempts is not None and mapping.attempts.applies_to(data):
+    if mapping.attempts is not None and "attempts" in sections:
         out.reads_attempts = True
         found = _apply_attempts(mapping, mapping.attempts, df, base, out)
         if not found and not manifests:
