@@ -152,6 +152,7 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
                        + (f" ({len(runs)} runs)" if len(runs) > 1 else ""))
     if mapped.filtered:
         out.message = f"where left out {mapped.filtered} of {mapped.filtered + attempts} records"
+    out.message = "; ".join(m for m in (out.message, *mapped.notes) if m)
     return out, mapped.records
 
 
