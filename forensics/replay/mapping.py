@@ -58,7 +58,7 @@ DURATION_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 SPECIALS = ("$index", "$number", "$source", "$line")
 DOC = "$doc."  # a path from the document a record is in (a run-level field of a file of nested records)
 NULL = "$null"  # as a value in the mapping (set, default, map): null
-FORMATS = ("json", "jsonl", "csv")
+FORMATS = ("json", "jsonl", "csv", "yaml")
 LAYOUTS = ("records", "parallel_arrays", "keyed_rows")
 FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional", "absent"}
 _MISSING = object()
@@ -135,6 +135,8 @@ class Mapping:
             return "jsonl"
         if name.endswith(".csv"):
             return "csv"
+        if name.endswith((".yaml", ".yml")):
+            return "yaml"
         return "json"
 
 
@@ -416,6 +418,8 @@ def read_data(mapping: Mapping, data: Path) -> DataFile:
     text = read_text(data)
     if fmt == "json":
         return DataFile(data, fmt, _json_documents(text, data, mapping))
+    if fmt == "yaml":
+        return DataFile(data, fmt, _yaml_documents(text, data, mapping), text=text)
     if fmt == "jsonl":
         recs: list[Any] = []
         lines: list[int] = []
@@ -482,6 +486,23 @@ def _json_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
             raise MappingError(f"{data}:{exc.lineno}: not valid JSON ({exc.msg})", path=mapping.source,
                                hint="is this file one the mapping reads? (its files globs, its format)") from exc
         docs.append(doc)
+    if not docs:
+        raise MappingError(f"{data}: empty file", path=mapping.source, hint="nothing to read")
+    return docs
+
+
+def _yaml_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
+    """The documents of a YAML file (safe_load: data only, no tags that build objects)."""
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise MappingError(f"{data}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})",
+                           path=mapping.source, hint="is this file one the mapping reads? (its files globs, its format)"
+                           ) from None
     if not docs:
         raise MappingError(f"{data}: empty file", path=mapping.source, hint="nothing to read")
     return docs
