@@ -178,6 +178,9 @@ ATTEMPTS = [
     Column("latency_ms", F64, "client-side latency: send to last byte"),
     Column("ttft_ms", F64, "client-side time to first token"),
     Column("itl_ms", F64, "client-side mean inter-token latency"),
+    Column("started_rel_s", F64, "send time on the records' own clock (seconds from the file's first relative time), "
+                                 "when no wall-clock anchor placed it (started_at is then empty)"),
+    Column("ended_rel_s", F64, "end time on the records' own clock, likewise"),
     Column("source", STR, "records file"),
     Column("source_line", I64, "line in the records file"),
     Column("alias", STR, "the run id the record carries, when it was tied to this run (see runs.alias)"),

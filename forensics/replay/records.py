@@ -259,7 +259,7 @@ def _stage_items(obj: dict[str, Any]) -> str | None:
 
 ATTEMPT_SCALARS = ("server", "http_status", "error", "outcome", "id_slot", "tokens_evaluated", "tokens_predicted",
                    "stop_type", "truncated", "output_text", "output_chars", "max_tokens", "latency_ms", "ttft_ms",
-                   "itl_ms")
+                   "itl_ms", "started_rel_s", "ended_rel_s")
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 
 

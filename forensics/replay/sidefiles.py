@@ -255,7 +255,7 @@ OTHER = "not a log, replay records or a server dump: passed over"
 
 def skipped_line(files: Sequence[Any]) -> str | None:
     """The one line counting the files of run folders that were passed over (None when there were none)."""
-    passed = [f.path for f in files if f.status == "skipped" and f.kind != "records:manifest"]
+    passed = [f.path for f in files if f.status == "skipped" and f.kind == "other"]  # notes (.md) go unsaid
     if not passed:
         return None
     names = ", ".join(Path(p).name for p in passed[:3]) + (", ..." if len(passed) > 3 else "")
