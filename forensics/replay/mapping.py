@@ -42,6 +42,7 @@ ATTEMPT_FIELDS = {
     "tokens_evaluated": "int", "tokens_predicted": "int", "stop_type": "str", "truncated": "bool",
     "prompt_n": "int", "prompt_ms": "ms", "predicted_n": "int", "predicted_ms": "ms", "output_text": "str",
     "output_chars": "int", "max_tokens": "int", "latency_ms": "ms", "ttft_ms": "ms", "itl_ms": "ms",
+    "timings": "any",  # the server's timings object as a whole ({prompt_n, prompt_ms, predicted_n, predicted_ms})
 }
 MANIFEST_FIELDS = {
     "run_id": "str", "started_at": "time", "ended_at": "time", "concurrency": "int", "model": "str",
@@ -50,7 +51,7 @@ MANIFEST_FIELDS = {
     "summary.requests": "int", "summary.ok": "int", "summary.failed": "int", "summary.input_tokens": "int",
     "summary.output_tokens": "int", "summary.duration_s": "float",
 }
-NESTED = ("ended", "summary")  # canonical objects a mapping fills field by field (ended.how, summary.ok)
+NESTED = ("ended", "summary", "timings")  # canonical objects a mapping fills field by field (summary.ok, timings.prompt_n)
 TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 TIME_UNITS = {"iso": None, "epoch_s": 1.0, "epoch_ms": 1e-3, "epoch_us": 1e-6, "epoch_ns": 1e-9}
 CLOCK_UNITS = {"mono_s": 1.0, "mono_ms": 1e-3, "mono_us": 1e-6, "mono_ns": 1e-9}  # a monotonic clock's reading
@@ -256,6 +257,8 @@ def _anchors(raw: Any, name: str, src: str) -> tuple[FieldSpec | str, ...]:
 
 
 def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: str) -> FieldSpec:
+    if key.startswith("timings.") and key.removeprefix("timings.") in TIMINGS and "timings" in allowed:
+        key = key.removeprefix("timings.")  # timings.prompt_n is the attempt's prompt_n (docs: the timings object)
     if key not in allowed:
         raise MappingError(f"[{name}.fields] {key} is not a canonical {name} field", path=src,
                            hint=f"fields: {', '.join(allowed)}")
@@ -783,8 +786,10 @@ def _build(section: Section, kinds: dict[str, str], row: _Row, data: Path,
         if spec.path is None and spec.sql is None and obj.get(spec.canonical) is not None:
             continue  # set = defaults: a mapped value wins
         obj[spec.canonical] = value
-    timings = {k: obj.pop(k) for k in TIMINGS if k in obj}
-    if any(v is not None for v in timings.values()):
+    whole = obj.pop("timings", None)
+    timings = {**(whole if isinstance(whole, dict) else {}), **{k: v for k in TIMINGS if (v := obj.pop(k, None)) is not None}}
+    timings = {k: timings[k] for k in TIMINGS if timings.get(k) is not None}
+    if timings:
         obj["timings"] = timings
     for nested in NESTED:
         sub = {k.split(".", 1)[1]: obj.pop(k) for k in list(obj) if k.startswith(f"{nested}.")}
