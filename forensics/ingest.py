@@ -451,8 +451,9 @@ class Ingestor:
 
         kind = replay.detect(path)
         mp = self.loaded_mapping
-        if kind is None and mp is not None and (mp.names(path) or (named and (not mp.has_globs or
-                                                                             detect_format(path) is None))):
+        reads_text = mp is not None and mp.fmt_for(path) == "text"  # a printed report: a log is still a log
+        if kind is None and mp is not None and ((mp.names(path) and not (reads_text and detect_format(path)))
+                                                or (named and (not mp.has_globs or detect_format(path) is None))):
             kind = "mapped"  # a file named with --mapping that no glob names is tried by content (a renamed file)
             if named:
                 self.named.add(str(path))

@@ -59,7 +59,7 @@ DURATION_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 SPECIALS = ("$index", "$number", "$source", "$line")
 DOC = "$doc."  # a path from the document a record is in (a run-level field of a file of nested records)
 NULL = "$null"  # as a value in the mapping (set, default, map): null
-FORMATS = ("json", "jsonl", "csv", "yaml")
+FORMATS = ("json", "jsonl", "csv", "yaml", "text")  # text: the whole file is one record {text}
 LAYOUTS = ("records", "parallel_arrays", "keyed_rows")
 FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional", "absent"}
 _MISSING = object()
@@ -423,6 +423,8 @@ def read_data(mapping: Mapping, data: Path) -> DataFile:
         return DataFile(data, fmt, _json_documents(text, data, mapping))
     if fmt == "yaml":
         return DataFile(data, fmt, _yaml_documents(text, data, mapping), text=text)
+    if fmt == "text":  # a tool's printed report: expressions read it with regexp_extract(text, ...)
+        return DataFile(data, fmt, [{"text": text}], text=text)
     if fmt == "jsonl":
         recs: list[Any] = []
         lines: list[int] = []
@@ -923,6 +925,10 @@ def _apply(mapping: Mapping, data: Path, df: DataFile, sections: tuple[str, ...]
         if not found and not manifests:
             raise MappingError(f"[{label}] path {' or '.join(repr(p) for p in sec.paths)}: nothing there in {data}",
                                path=mapping.source, hint="is this file one the mapping reads? (its files globs)")
+    filtered_all = [s for label, kind, s in mapping.tables if label in sections and kind == "manifest" and s.where]
+    if not out.records and not out.reads_attempts and filtered_all:
+        raise ForeignFile(f"{data.name} is not a {mapping.name} file: its manifest's where leaves nothing of it",
+                          path=mapping.source)
     _suffix_runs(out.records)
     return out
 
