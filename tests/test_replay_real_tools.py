@@ -28,7 +28,8 @@ else:  # pragma: no cover
 
 REAL = FIX / "real"
 MAPPING = {"vllm": "vllm-bench", "guidellm": "guidellm", "aiperf": "aiperf", "llmperf": "llmperf", "sglang": "sglang",
-           "inference-perf": "inference-perf", "genai-bench": "genai-bench", "trtllm-bench": "trtllm-bench"}
+           "inference-perf": "inference-perf", "genai-bench": "genai-bench", "trtllm-bench": "trtllm-bench",
+           "genai-perf": "genai-perf"}
 FILES = sorted(p.with_name(p.name.removesuffix(".provenance.toml")) for p in REAL.rglob("*.provenance.toml"))
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TO_MS = {"s": 1000.0, "ms": 1.0}
@@ -51,7 +52,7 @@ def wall(value: str, unit: str) -> datetime:
 
 
 def test_every_real_file_has_a_shipped_mapping() -> None:
-    assert len(FILES) == 22
+    assert len(FILES) == 23
     assert {tool(p) for p in FILES} == set(MAPPING)
     assert set(MAPPING.values()) <= set(replay.shipped_mappings())
 
@@ -143,7 +144,7 @@ def test_a_tool_folder_ingests_in_one_command(tmp_path: Path, name: str) -> None
     # a tool's summary file says so in its line; a file of run facts named by the mapping is a manifest
     named = {"groq_70b_summary.json", "profile_export_aiperf.json", "profile_export_aiperf.csv",
              "summary_lifecycle_metrics.json", "stage_0_lifecycle_metrics.json", "stage_6_lifecycle_metrics.json",
-             "result_128_128_30000.txt"}
+             "result_128_128_30000.txt", "profile_export_genai_perf.json"}
     assert {Path(p).name for p, kind in listed.items() if kind == "records:summary"} == {
         p.name for p in data if facts(p)["requests"] == 0} - named
     runs = CliRunner().invoke(cli, ["runs", "--store", str(store), "--format", "csv"])
