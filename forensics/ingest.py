@@ -415,6 +415,11 @@ class Ingestor:
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
+        if fmt_name is None and root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:
+            # a run folder's notes and configs, even when a README quotes log lines: not read as a log
+            self.result.files.append(FileReport(str(path), "not a log", "skipped",
+                                                message=f"a {path.suffix} file that is not a log: not read"))
+            return
         pre = self.prefetch.take(path) if self.prefetch is not None else None
         if fmt_name is None and pre is not None and pre.result.total <= HEAD_LINES:
             fmt_name = voted_format(self._engine(), pre.result.kind_counts)
@@ -432,11 +437,7 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(replace(now, format="empty"))
                 return
-            if replay_sidefiles().take(self, path, root, now):  # a server dump read, or another data file passed
-                return
-            if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
-                self.result.files.append(FileReport(str(path), "not a log", "skipped",
-                                                    message=f"a {path.suffix} file that is not a log: not read"))
+            if replay_sidefiles().take(self, path, root, now):  # a server dump read, or another file passed over
                 return
             raise UnknownFormatError("not a llama-server log or replay record this version knows", path=str(path),
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "

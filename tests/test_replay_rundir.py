@@ -103,21 +103,24 @@ def test_without_a_file_named_manifest_the_other_manifest_is_read(run: Path, tmp
     assert csv(store, "SELECT source FROM runs")[1].endswith("/labels.json")
 
 
-def test_data_files_are_passed_over_and_text_nothing_reads_is_an_error_until_excluded(run: Path, tmp_path: Path) -> None:
+def test_every_other_file_of_a_folder_is_passed_over_and_counted(run: Path, tmp_path: Path) -> None:
     (run / "results.json").write_text(json.dumps({"throughput": 12.5, "notes": "smoke"}))
     (run / "timings.csv").write_text("step,seconds\nwarmup,3.1\n")
-    (run / "client.txt").write_text("sent 4 requests\n")
-    code, _, err = forensics("ingest", str(run), "--store", str(tmp_path / "s"))
-    assert code == 2
-    assert (f"error     {run / 'client.txt'}  ?  {run / 'client.txt'}: not a llama-server log or replay record this "
-            "version knows") in err
-    code, _, err = forensics("ingest", str(run), "--store", str(tmp_path / "s2"), "--exclude", "client.*", "-v")
+    (run / "cmdlines.txt").write_text("llama-server -m tiny.gguf -np 2 --metrics --slots\n")
+    code, _, err = forensics("ingest", str(run), "--store", str(tmp_path / "s"), "-v")
     assert code == 0, err
-    assert f"skipped   {run / 'results.json'}  other  {sidefiles.OTHER}\n" in err
-    assert f"skipped   {run / 'timings.csv'}  other  {sidefiles.OTHER}\n" in err
-    assert ("warning: passed over 2 files of the run folders: not a log, replay records (or a file the mapping "
-            "reads) or a server dump (results.json, timings.csv); -v says why for each\n") in err
-    assert f"warning: left out 1 file by --exclude (e.g. {run / 'client.txt'})\n" in err
+    assert f"skipped   {run / 'results.json'}  other  {sidefiles.OTHER} (data)\n" in err
+    assert f"skipped   {run / 'timings.csv'}  other  {sidefiles.OTHER} (data)\n" in err
+    assert f"skipped   {run / 'cmdlines.txt'}  other  {sidefiles.OTHER} (text without llama-server lines)\n" in err
+    assert ("warning: passed over 3 files of the run folders: not a log, replay records (or a file the mapping "
+            "reads) or a server dump (cmdlines.txt, results.json, timings.csv); -v says why for each, --format NAME "
+            "reads a log of a format not detected, --exclude GLOB leaves files out\n") in err
+    code, _, err = forensics("ingest", str(run), "--store", str(tmp_path / "s2"), "--exclude", "cmdlines.*")
+    assert code == 0, err
+    assert f"warning: left out 1 file by --exclude (e.g. {run / 'cmdlines.txt'})\n" in err
+    assert "passed over 2 files" in err
+    named = forensics("ingest", str(run / "cmdlines.txt"), "--store", str(tmp_path / "s3"))
+    assert named[0] == 2  # named on the command line, nothing reads it: an error
 
 
 def test_a_dump_named_on_the_command_line_is_read(tmp_path: Path) -> None:
@@ -147,3 +150,14 @@ def test_prometheus_text_and_slot_shapes_of_every_era_parse() -> None:
     assert (old["is_processing"], old["n_decoded"], old["n_remain"], old["n_predict"]) == (True, 28, 100, 128)
     assert sidefiles.server_of("metrics_backup_end.prom") == ("backup", "end")
     assert sidefiles.server_of("slots.json") == (None, None)
+
+
+def test_a_readme_quoting_log_lines_is_a_note_not_a_log(run: Path, tmp_path: Path) -> None:
+    """A run folder's README pastes a few of the server's lines: it is still the folder's notes."""
+    quoted = (run / "server.log").read_text().splitlines()[9:13]
+    (run / "README.md").write_text("# what happened\n\n```\n" + "\n".join(quoted) + "\n```\n")
+    store = tmp_path / "s"
+    code, _, err = forensics("ingest", str(run), "--store", str(store), "-v")
+    assert code == 0, err
+    assert f"skipped   {run / 'README.md'}  not a log  a .md file that is not a log: not read\n" in err
+    assert csv(store, "SELECT count(*) AS n FROM instances") == ["n", "1"]

@@ -9,7 +9,10 @@ import click
 from forensics.errors import InputError
 
 
-@click.group()
+@click.group(epilog="""\b
+Examples:
+  forensics mapping init results.jsonl                 propose a mapping for a harness's record file
+""")
 def mapping() -> None:
     """Write mappings for other harnesses' record files (see docs/replay.md, Mapping files)."""
 

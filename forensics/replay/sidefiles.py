@@ -4,9 +4,10 @@ A harness leaves more than logs and records in a run folder: a Prometheus ``/met
 of the run (``metrics_end.prom``), a ``/slots`` dump (``slots.json``), the truth it was told (``labels.json``),
 configs, result JSONs of other tools.  Ingest reads the two server dumps into ``server_metrics`` (the server's
 counters and gauges when the dump was taken) and ``slot_states`` (each slot's state then), and passes over
-every other data file it finds in a folder (JSON, CSV, YAML, binary) with one line counting them: such a file
-is no log, so skipping it loses nothing.  A text file that is neither a log nor anything above is still an
-error (it may be a log of a format this version does not know); ``--exclude GLOB`` leaves files out.
+every other file it finds in a folder (JSON, CSV, YAML, binary, text without a llama-server line: command lines,
+load notes) with one line counting them and naming a few; ``-v`` lists each with what it is.  A file named on
+the command line that nothing reads is still an error: the user asked for it.  ``--exclude GLOB`` leaves files
+out.
 
 Recognised by content, never by name: a dump is Prometheus text exposition whose samples parse (at least one
 ``llamacpp:`` metric), or a JSON array of slot objects (``id`` and ``n_ctx``, with ``id_task``, ``state``,
@@ -244,9 +245,10 @@ def take(ing: Any, path: Path, root: Path | None, found: Any) -> bool:
                                            parsed=dump.rows.height, message=dump.message))
         ing._record_file(_state(found, f"server:{dump.kind}", dump.rows.height))
         return True
-    if root is None or not is_data_file(path, _head(path)):
+    if root is None:  # named on the command line: the user asked for it, so it is an error
         return False
-    ing.result.files.append(FileReport(str(path), "other", "skipped", message=OTHER))
+    kind = "data" if is_data_file(path, _head(path)) else "text without llama-server lines"
+    ing.result.files.append(FileReport(str(path), "other", "skipped", message=f"{OTHER} ({kind})"))
     return True
 
 
@@ -261,7 +263,8 @@ def skipped_line(files: Sequence[Any]) -> str | None:
     names = ", ".join(Path(p).name for p in passed[:3]) + (", ..." if len(passed) > 3 else "")
     n = len(passed)
     return (f"passed over {n} file{'s' if n > 1 else ''} of the run folders: not a log, replay records (or a file "
-            f"the mapping reads) or a server dump ({names}); -v says why for each")
+            f"the mapping reads) or a server dump ({names}); -v says why for each, --format NAME reads a log of a "
+            "format not detected, --exclude GLOB leaves files out")
 
 
 def _head(path: Path) -> bytes:
