@@ -57,12 +57,8 @@ def load(paths: Path | str | Iterable[Path | str], *, mapping: Mapping | Path | 
         kind = detect(p)
         if kind is not None:
             files.append(RecordFile(p, kind))
-        elif mp is not None and mp.reads(p):
-            files.append(RecordFile(p, "mapped", mapping=mp))
-        elif mp is not None:
-            globs = ", ".join(g for sec in mp.sections for g in sec.files)
-            issues.append(RecordIssue(str(p), None, None, f"mapping {mp.name} does not read this file (its files: "
-                                                          f"{globs})"))
+        elif mp is not None:  # named here: a file no files glob names is tried by content
+            files.append(RecordFile(p, "mapped", mapping=mp, named=True))
         else:
             issues.append(RecordIssue(str(p), None, None, "not a replay manifest or attempts file (pass a mapping "
                                                           "for other layouts)"))
