@@ -13,14 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fastjsonschema
-import jsonschema
 import polars as pl
 
 from forensics import schema
 from forensics.errors import RecordError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 MANIFEST_KEYS = ("items", "stages", "servers", "concurrency", "stage_items", "summary")
@@ -125,6 +126,8 @@ def _schema(kind: str) -> dict[str, Any]:
 def validator(kind: str) -> jsonschema.protocols.Validator:
     """The JSON Schema validator for ``manifest`` or ``attempt`` records."""
     data = _schema(kind)
+    import jsonschema  # loaded when records are validated, not when a run folder is only looked at
+
     cls = jsonschema.validators.validator_for(data)
     return cls(data)
 
@@ -133,6 +136,8 @@ def validator(kind: str) -> jsonschema.protocols.Validator:
 def _fast_check(kind: str) -> Any:
     """A compiled validator (fastjsonschema): most records are valid, and this tells so ~50x faster; the
     jsonschema validator then explains only the records that fail."""
+    import fastjsonschema
+
     return fastjsonschema.compile(_schema(kind))
 
 
@@ -159,6 +164,8 @@ def _error_message(err: jsonschema.ValidationError) -> str:
 
 def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
     """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+    import fastjsonschema
+
     try:
         _fast_check(kind)(obj)
         return []
