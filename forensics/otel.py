@@ -37,7 +37,8 @@ INSTALL_HINT = "pip install 'llama-forensics[otel]'"
 SPAN_ATTRIBUTES = {  # attribute: what it holds
     "gen_ai.operation.name": "text_completion, or chat for a chat endpoint",
     "gen_ai.provider.name": "llama.cpp",
-    "gen_ai.request.model": "the instance's model",
+    "gen_ai.request.model": "the instance's model (a GGUF path's file name, without .gguf)",
+    "llama_server.model_path": "the model as the log names it",
     "gen_ai.request.max_tokens": "the output cap in force (n_predict), when there was one",
     "gen_ai.usage.input_tokens": "prompt tokens",
     "gen_ai.usage.output_tokens": "generated tokens",
@@ -164,7 +165,7 @@ def _attributes(r: dict[str, Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": "chat" if "chat" in http_path else "text_completion",
         "gen_ai.provider.name": "llama.cpp",
-        "gen_ai.request.model": r["model"], "gen_ai.response.model": r["model"],
+        "gen_ai.request.model": model_name(r["model"]), "llama_server.model_path": r["model"],
         "gen_ai.usage.input_tokens": r["prompt_tokens"], "gen_ai.usage.output_tokens": r["gen_tokens"],
         "gen_ai.server.request.duration": None if r["total_ms"] is None else r["total_ms"] / 1000.0,
         "gen_ai.server.time_to_first_token": None if r["prompt_ms"] is None else r["prompt_ms"] / 1000.0,
@@ -183,6 +184,15 @@ def _attributes(r: dict[str, Any]) -> dict[str, Any]:
     if failed:
         attrs["error.type"] = failed
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+def model_name(model: str | None) -> str | None:
+    """The model as a span names it: a GGUF path's file name without ``.gguf`` (``/models/Qwen3-8B.gguf`` is
+    ``Qwen3-8B``); a name as it is."""
+    if not model:
+        return None
+    name = model.replace("\\", "/").rsplit("/", 1)[-1]
+    return name[:-5] if name.lower().endswith(".gguf") else name
 
 
 def _tpot_s(r: dict[str, Any]) -> float | None:
@@ -255,7 +265,7 @@ def _request_span(tracer: Any, ids: Any, r: dict[str, Any], events: list[tuple[s
     key = (r["run"], r["instance"], r["path"], r["slot"], r["seq"], r["line_first"])
     ids.trace, ids.span = _id(16, *key), _id(8, *key, "request")
     start, end = int(r["start_ns"]), max(int(r["end_ns"]), int(r["start_ns"]))
-    name = f"{'chat' if 'chat' in (r['http_path'] or '') else 'text_completion'} {r['model'] or 'unknown'}"
+    name = f"{'chat' if 'chat' in (r['http_path'] or '') else 'text_completion'} {model_name(r['model']) or 'unknown'}"
     span = tracer.start_span(name, kind=SpanKind.SERVER, start_time=start, attributes=_attributes(r))
     ctx = trace.set_span_in_context(span)
     prompt_end = start + int(round((r["prompt_ms"] or 0.0) * 1e6))

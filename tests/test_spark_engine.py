@@ -1,0 +1,185 @@
+"""DuckDB and Spark give the same answers: every named query, through the library function that runs it, on a
+generated fleet of three hosts' stores (a dead slot, runaways, failures, a failover, a watchdog kill, the same run
+names on every host) and on the real-log corpus store; then the verdict's facts and the fleet commands.
+
+Spark runs on one local[2] session for the whole test run (two shuffle partitions, no UI, bound to 127.0.0.1):
+the tests are marked ``spark`` and grouped onto one xdist worker; they skip only when Java is absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from polars.testing import assert_frame_equal
+
+from forensics import findings, metrics, otel, verdict
+from forensics.cli import cli
+from forensics.fleet import Fleet, open_fleet
+from forensics.generate.fleet import FLEET_HOSTS, generate_fleet
+from forensics.ingest import IngestOptions, ingest
+from forensics.replay import tables
+from forensics.sql import QUERIES_DIR, load_query
+from forensics.store import Store, fetch_pl
+from tests import real_corpus
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"),
+              pytest.mark.skipif(shutil.which("java") is None, reason="Java is absent: Spark cannot start")]
+
+
+# ---------------------------------------------------------------------------------------------- stores
+@pytest.fixture(scope="session")
+def fleet_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three hosts' stores, each ingested from its own generated logs."""
+    root = tmp_path_factory.mktemp("fleet")
+    dirs = []
+    for host, logs in generate_fleet(root).items():
+        ingest(root / host / "forensics-store", [logs], IngestOptions())
+        dirs.append(root / host / "forensics-store")
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return real_corpus.ingest_corpus(real_corpus.corpus(), tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def spark_engine() -> Any:
+    """The test run's one Spark session."""
+    from forensics.spark import SparkEngine
+
+    return SparkEngine("local[2]", partitions=2)
+
+
+def _pair(spark_engine: Any, open_: Callable[[], Store]) -> tuple[Store, Store]:
+    duck, spark = open_(), open_()
+    spark.engine = spark_engine
+    return duck, spark
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_dirs: list[Path], spark_engine: Any) -> tuple[Store, Store]:
+    return _pair(spark_engine, lambda: open_fleet([str(d) for d in fleet_dirs]))
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_dir: Path, spark_engine: Any) -> tuple[Store, Store]:
+    return _pair(spark_engine, lambda: Store(corpus_dir))
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+def _sortable(df: pl.DataFrame) -> list[pl.Expr]:
+    return [pl.col(c).round(6) if t.is_float() else pl.col(c).cast(pl.String) if not t.is_numeric() else pl.col(c)
+            for c, t in df.schema.items()]
+
+
+def same_rows(duck: pl.DataFrame, spark: pl.DataFrame) -> None:
+    """The same columns, types and rows (in any order); floats equal to 1e-9 relative."""
+    assert duck.columns == spark.columns
+    assert duck.dtypes == spark.dtypes, [(c, a, b) for c, a, b in zip(duck.columns, duck.dtypes, spark.dtypes,
+                                                                       strict=True) if a != b]
+    key = [f"_k{i}" for i in range(duck.width)]
+    a = duck.with_columns(e.alias(k) for e, k in zip(_sortable(duck), key, strict=True)).sort(key, nulls_last=True)
+    b = spark.with_columns(e.alias(k) for e, k in zip(_sortable(spark), key, strict=True)).sort(key, nulls_last=True)
+    assert_frame_equal(a.drop(key), b.drop(key), check_exact=False, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _missing(store: Store) -> pl.DataFrame:
+    runs = tables.runs_table(store).filter(pl.col("items_missing") > 0)["run"].to_list()
+    frames = [tables.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs]
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def _failovers(store: Store) -> pl.DataFrame:
+    from forensics import runs
+
+    con = otel._replay_con(store)
+    try:
+        return fetch_pl(con, load_query("failovers").text, {"runs": runs.all_runs(store)})
+    finally:
+        con.close()
+
+
+def _spans(store: Store) -> pl.DataFrame:
+    from forensics import runs
+
+    return otel.request_rows(store, runs.all_runs(store))
+
+
+# Each named query, through the library function that runs it (findings_base is under every finding).
+CASES: dict[str, tuple[tuple[str, ...], Callable[[Store], pl.DataFrame]]] = {
+    "runaways": (("findings_base", "runaways"), lambda s: findings.find_runaways(s)),
+    "prompt_over_context": (("prompt_over_context",), lambda s: findings.find_prompt_over_context(s)),
+    "deadslots": (("deadslots",), lambda s: findings.dead_slot_report(s, include_recovered=True).sequence),
+    "dead_slots": (("deadslots",), lambda s: findings.dead_slot_report(s).slots),
+    "cap_whatif": (("cap",), lambda s: findings.recommend_cap(s).whatif),
+    "caps_by_run": (("cap",), lambda s: findings.caps_by_run(s)),
+    "errors": (("errors",), lambda s: findings.error_groups(s)),
+    "request_intervals": (("request_intervals",), lambda s: metrics.request_intervals(s)),
+    "throughput": (("throughput",), lambda s: metrics.throughput(s)),
+    "replay_runs": (("replay_runs",), lambda s: tables.runs_table(s)),
+    "missing": (("missing",), _missing),
+    "failovers": (("failovers",), _failovers),
+    "otel_spans": (("otel_spans",), _spans),
+}
+
+
+def test_every_named_query_is_compared() -> None:
+    named = {p.stem for p in QUERIES_DIR.glob("*.sql")}
+    covered = {q for queries, _ in CASES.values() for q in queries}
+    assert named == covered, f"named queries without a Spark comparison: {sorted(named - covered)}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fleet_store_same_rows(fleet: tuple[Store, Store], case: str) -> None:
+    duck, spark = fleet
+    a, b = CASES[case][1](duck), CASES[case][1](spark)
+    same_rows(a, b)
+    if case in ("dead_slots", "runaways", "errors", "failovers", "missing"):
+        assert a.height > 0, f"the fleet was built to have {case}"
+
+
+@pytest.mark.parametrize("case", ["runaways", "deadslots", "errors", "throughput", "prompt_over_context", "cap_whatif"])
+def test_real_corpus_store_same_rows(corpus: tuple[Store, Store], case: str) -> None:
+    duck, spark = corpus
+    same_rows(CASES[case][1](duck), CASES[case][1](spark))
+
+
+def test_fleet_runs_stay_apart_by_host(fleet: tuple[Store, Store]) -> None:
+    duck, spark = fleet
+    assert isinstance(duck, Fleet)
+    expected = [f"{h}:run-{i}" for h in FLEET_HOSTS for i in (1, 2)]  # the same run names on every host
+    for store in (duck, spark):
+        runs = tables.runs_table(store)["run"].to_list()
+        assert runs == expected
+        per_host = metrics.throughput(store).select("run", "requests").sort("run")
+        one = [metrics.throughput(Store(s.root)).select("run", "requests").sort("run")
+               .with_columns((pl.lit(h + ":") + pl.col("run")).alias("run")) for h, s in duck.members]
+        assert_frame_equal(per_host, pl.concat(one).sort("run"))
+
+
+def test_verdict_facts_agree(fleet: tuple[Store, Store]) -> None:
+    duck, spark = fleet
+    a = [v.as_dict() for v in verdict.verdict(duck)]
+    b = [v.as_dict() for v in verdict.verdict(spark)]
+    assert a == b
+    kinds = {f["kind"] for v in a for f in v["facts"]}
+    assert {"dead_slot", "runaway", "missing", "ended"} <= kinds, kinds
+
+
+@pytest.mark.parametrize("args", [["verdict"], ["throughput", "--by", "np"]])
+def test_fleet_commands_answer_the_same_on_both_engines(fleet_dirs: list[Path], spark_engine: Any,
+                                                        args: list[str]) -> None:
+    stores = [a for d in fleet_dirs for a in ("--store", str(d))]
+    duck = CliRunner().invoke(cli, [*args, *stores])
+    spark = CliRunner().invoke(cli, [*args, *stores, "--engine", "spark", "--spark-master", "local[2]"])
+    assert duck.exit_code == 0, duck.output
+    assert spark.exit_code == 0, spark.output
+    assert spark.stdout == duck.stdout
+    assert "gpu-a:run-1" in duck.stdout and "gpu-c:run-2" in duck.stdout
