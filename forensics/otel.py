@@ -68,7 +68,7 @@ class Exported:
 
 def _require_sdk() -> None:
     try:
-        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+        import opentelemetry.exporter.otlp.proto.http
         import opentelemetry.sdk.trace  # noqa: F401
     except ImportError:
         raise InputError("export otel needs opentelemetry-sdk and its OTLP exporter, which are not installed",
@@ -268,8 +268,8 @@ def _request_span(tracer: Any, ids: Any, r: dict[str, Any], events: list[tuple[s
     name = f"{'chat' if 'chat' in (r['http_path'] or '') else 'text_completion'} {model_name(r['model']) or 'unknown'}"
     span = tracer.start_span(name, kind=SpanKind.SERVER, start_time=start, attributes=_attributes(r))
     ctx = trace.set_span_in_context(span)
-    prompt_end = start + int(round((r["prompt_ms"] or 0.0) * 1e6))
-    gen_end = min(end, prompt_end + int(round((r["gen_ms"] or 0.0) * 1e6))) if r["gen_ms"] is not None else end
+    prompt_end = start + round((r["prompt_ms"] or 0.0) * 1e6)
+    gen_end = min(end, prompt_end + round((r["gen_ms"] or 0.0) * 1e6)) if r["gen_ms"] is not None else end
     for child, (a, b), attrs in (
             ("prompt processing", (start, min(prompt_end, end)), {"gen_ai.usage.input_tokens": r["prompt_tokens"]}),
             ("generation", (min(prompt_end, end), gen_end), {"gen_ai.usage.output_tokens": r["gen_tokens"]})):

@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,9 +72,17 @@ def _local(master: str) -> bool:
     return master.startswith("local")
 
 
-def session(master: str | None = None, *, partitions: int | None = None) -> Any:
+SMALL_DATA = {  # a local session over small stores (the tests): plans and JIT dominate, not the data
+    "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false", "java": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+
+
+def session(master: str | None = None, *, partitions: int | None = None, conf: Mapping[str, str] | None = None) -> Any:
     """The process's Spark session for ``master`` (made on first use; a second master is an error: a process
-    has one SparkContext)."""
+    has one SparkContext).  ``conf`` adds Spark settings (``java``: options for the driver's JVM)."""
+    conf = dict(conf or {})
+    java = conf.pop("java", "")
     master = master or os.environ.get("FORENSICS_SPARK_MASTER") or DEFAULT_MASTER
     if master in _SESSIONS:
         return _SESSIONS[master]
@@ -90,7 +98,9 @@ def session(master: str | None = None, *, partitions: int | None = None) -> Any:
          .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")  # run=42 stays a string
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG}"))
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG} {java}".strip()))
+    for key, value in conf.items():
+        b = b.config(key, value)
     if _local(master):  # nothing listens beyond this machine
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         b = (b.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
@@ -113,8 +123,9 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, master: str | None = None, *, partitions: int | None = None) -> None:
-        self.spark = session(master, partitions=partitions)
+    def __init__(self, master: str | None = None, *, partitions: int | None = None,
+                 conf: Mapping[str, str] | None = None) -> None:
+        self.spark = session(master, partitions=partitions, conf=conf)
 
     def connect(self, store: Store, *, tables: list[str] | None = None, existing_only: bool = False) -> SparkConnection:
         con = SparkConnection(self.spark.newSession())  # its own temporary views: connections never collide
@@ -143,13 +154,13 @@ def _spark_type(dtype: pl.DataType) -> str:
 
 
 def _conformed(frame: Any, table: str) -> Any:
-    """The schema's columns in order, each cast to its type (NULL for a column no part has); events keep their
-    format-specific fields too, as the DuckDB views do."""
+    """The schema's columns in order (NULL of its type for a column no part has); events keep their
+    format-specific fields too, as the DuckDB views do.  The files were read with the contract's types."""
     from pyspark.sql import functions as F
 
     have = set(frame.columns)
     declared = schema.TABLES[table]
-    cols = [(F.col(f"`{c.name}`") if c.name in have else F.lit(None)).cast(_spark_type(c.dtype)).alias(c.name)
+    cols = [F.col(f"`{c.name}`") if c.name in have else F.lit(None).cast(_spark_type(c.dtype)).alias(c.name)
             for c in declared]
     if table == "events":
         known = {c.name for c in declared}
@@ -248,6 +259,10 @@ def _fix(node: Any) -> Any:
     if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_position":
         pos = exp.Anonymous(this="ARRAY_POSITION", expressions=node.expressions)
         return exp.Nullif(this=pos, expression=exp.Literal.number(0))  # 0 on Spark, NULL on DuckDB
+    if isinstance(node, exp.Anonymous) and str(node.this).lower() == "printf" and len(node.expressions) > 1:
+        nulls = [exp.Is(this=a.copy(), expression=exp.null()) for a in node.expressions]
+        formatted = exp.Anonymous(this="FORMAT_STRING", expressions=node.expressions)
+        return exp.If(this=exp.or_(*nulls), true=exp.null(), false=formatted)  # DuckDB: NULL in, NULL out
     if isinstance(node, exp.FromJson) and isinstance(node.expression, exp.Literal):
         spark_type = _json_type(node.expression.this)
         if spark_type is not None:
@@ -261,7 +276,7 @@ def _fix(node: Any) -> Any:
 
 
 FIXES = """[NOT] MATERIALIZED hints are dropped; epoch(ts) keeps its fraction; quantile_cont is Spark's exact percentile; list_position is NULL when
-absent; from_json takes a Spark schema; decimal literals are doubles; a double cast to an integer rounds."""
+absent; printf of a NULL is NULL (Spark writes "null"); from_json takes a Spark schema; decimal literals are doubles; a double cast to an integer rounds."""
 
 
 @cache
@@ -468,9 +483,3 @@ def _first_line(exc: BaseException) -> str:
     # Spark's messages start with an error class in brackets, then the sentence; the plan follows on later lines
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
-
-def engine_names() -> tuple[str, ...]:
-    return ("duckdb", "spark")
-
-
-Runner = Callable[[str], pl.DataFrame]

@@ -16,7 +16,7 @@ Examples:
 """
 
 
-@click.group()
+@click.group(epilog=EXAMPLES)
 def export() -> None:
     """Export the store's requests to other tools."""
 

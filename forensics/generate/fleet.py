@@ -59,11 +59,19 @@ def fleet_scenarios(n_items: int = 16) -> dict[str, Scenario]:
     return out
 
 
+def fleet_host(host: str) -> Scenario:
+    """One host's scenario (``forensics generate DIR --scenario fleet-gpu-a``)."""
+    return fleet_scenarios()[host]
+
+
+FLEET_SCENARIOS = {f"fleet-{h}": (lambda h=h: fleet_host(h)) for h in FLEET_HOSTS}
+
+
 def generate_fleet(out_dir: str | Path, *, n_items: int = 16, seed: int = 0) -> dict[str, Path]:
     """Write each host's logs and records under ``out_dir/<host>``; returns host -> its logs folder."""
     out = Path(out_dir)
     logs = {}
-    for i, (host, scenario) in enumerate(fleet_scenarios(n_items).items()):
-        generate(scenario, out / host, seed=seed + i)
+    for host, scenario in fleet_scenarios(n_items).items():
+        generate(scenario, out / host, seed=seed)  # as `forensics generate DIR --scenario fleet-HOST` writes it
         logs[host] = out / host / "logs"
     return logs
