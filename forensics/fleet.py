@@ -22,7 +22,7 @@ from typing import Any
 
 from forensics.errors import StoreError
 from forensics.paths import DEFAULT_STORE
-from forensics.store import MANIFEST, Store, sql_string
+from forensics.store import MANIFEST, Store, escape_partition, run_of_part, sql_string
 
 HOST_SEP = ":"  # <host>:<run>
 READ_ONLY = "pass one --store: ingest, compact, check and watch write to one host's store"
@@ -98,7 +98,9 @@ class Fleet(Store):
         raise StoreError("a fleet of stores has no manifest of its own", hint=READ_ONLY)
 
     def parts(self, table: str) -> list[str]:
-        return [qualified(h, p) for h, s in self.members for p in s.parts(table)]
+        """Every member's parts of ``table``, each named as if the fleet held it: its ``run=`` folder reads
+        ``host:run`` (``run_of_part`` gives the fleet's run name)."""
+        return [_qualified_part(h, p) for h, s in self.members for p in s.parts(table)]
 
     def packs(self, table: str) -> list[dict[str, Any]]:
         raise StoreError("a fleet of stores has no packs of its own", hint=READ_ONLY)
@@ -137,6 +139,11 @@ class Fleet(Store):
                 selects.append(f"SELECT * REPLACE ({sql_string(host + HOST_SEP)} || CAST(run AS VARCHAR) AS run) "
                                f"FROM {source}")
         return "(" + " UNION ALL BY NAME ".join(selects) + ")" if selects else None
+
+
+def _qualified_part(host: str, rel: str) -> str:
+    return "/".join(f"run={escape_partition(qualified(host, run_of_part(seg) or ''))}" if seg.startswith("run=")
+                    else seg for seg in rel.split("/"))
 
 
 def members_of(store: Store) -> list[tuple[str | None, Store]]:

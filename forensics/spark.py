@@ -171,6 +171,7 @@ def _conformed(frame: Any, table: str) -> Any:
 def _file_schema(paths: list[str], table: str) -> str:
     """The Spark schema of ``table``'s files: the contract's columns and types, plus (events) the format-specific
     fields the files carry, read from their Parquet footers here (no Spark job to infer it)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_type
 
@@ -179,14 +180,8 @@ def _file_schema(paths: list[str], table: str) -> str:
     for path in paths:
         for f in pq.read_schema(path):
             if f.name not in cols and f.name != "_part":
-                cols[f.name] = "string" if pa_null(f.type) else from_arrow_type(_plain(f.type)).simpleString()
+                cols[f.name] = "string" if pa.types.is_null(f.type) else from_arrow_type(_plain(f.type)).simpleString()
     return ", ".join(f"`{name}` {kind}" for name, kind in cols.items())
-
-
-def pa_null(t: Any) -> bool:
-    import pyarrow as pa
-
-    return bool(pa.types.is_null(t))
 
 
 def _member_frame(spark: Any, store: Store, table: str, existing_only: bool) -> Any | None:

@@ -76,19 +76,21 @@ def corpus(corpus_dir: Path, spark_engine: Any) -> tuple[Store, Store]:
 
 # ---------------------------------------------------------------------------------------------- comparing
 def _sortable(df: pl.DataFrame) -> list[pl.Expr]:
-    return [pl.col(c).round(6) if t.is_float() else pl.col(c).cast(pl.String) if not t.is_numeric() else pl.col(c)
+    return [pl.col(c).round(3) if t.is_float() else pl.col(c).cast(pl.String) if not t.is_numeric() else pl.col(c)
             for c, t in df.schema.items()]
 
 
 def same_rows(duck: pl.DataFrame, spark: pl.DataFrame) -> None:
-    """The same columns, types and rows (in any order); floats equal to 1e-9 relative."""
+    """The same columns, types and rows (in any order); floats to 1e-6 absolute or 1e-4 relative: a wall-clock
+    time as epoch seconds in a double carries 2.4e-7 s, the engines round it differently, and a rate over a
+    12 ms window (a real log's) inherits 2e-5 of that."""
     assert duck.columns == spark.columns
     assert duck.dtypes == spark.dtypes, [(c, a, b) for c, a, b in zip(duck.columns, duck.dtypes, spark.dtypes,
                                                                        strict=True) if a != b]
     key = [f"_k{i}" for i in range(duck.width)]
     a = duck.with_columns(e.alias(k) for e, k in zip(_sortable(duck), key, strict=True)).sort(key, nulls_last=True)
     b = spark.with_columns(e.alias(k) for e, k in zip(_sortable(spark), key, strict=True)).sort(key, nulls_last=True)
-    assert_frame_equal(a.drop(key), b.drop(key), check_exact=False, rel_tol=1e-9, abs_tol=1e-9)
+    assert_frame_equal(a.drop(key), b.drop(key), check_exact=False, rel_tol=1e-4, abs_tol=1e-6)
 
 
 def _missing(store: Store) -> pl.DataFrame:
