@@ -493,9 +493,9 @@ def caps_by_run(store: Store, runs: str | list[str] | None = None, *, margin: fl
 
 
 def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:
-    row = con.execute("SELECT count(*) FROM attempts WHERE run IN (SELECT unnest(?)) AND max_tokens > 0",
-                      [runs]).fetchone()
-    return not row or row[0] == 0
+    rows = con.execute("SELECT count(*) FROM attempts WHERE run IN (SELECT unnest(?)) AND max_tokens > 0",
+                       [runs]).fetchall()  # all: a result left open blocks the session's next statement
+    return not rows or rows[0][0] == 0
 
 
 # ---------------------------------------------------------------------------------------- errors

@@ -16,12 +16,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("parsers.engine",)),
     ("assemble", ("parsers.assemble", "parsers")),
     ("store", ("forensics", "forensics.store", "forensics.schema", "forensics.paths", "forensics.vocab",
-               "forensics.sql", "forensics.compact", "forensics.check")),
+               "forensics.sql", "forensics.compact", "forensics.check", "forensics.fleet", "forensics.spark")),
     ("intake", ("forensics.ingest", "forensics.duplicates", "forensics.replay", "forensics.generate")),
     ("analysis", ("forensics.findings", "forensics.repetition", "forensics.metrics", "forensics.verdict",
                   "forensics.compare", "forensics.evidence", "forensics.runs", "forensics.replay.tables")),
     ("outputs", ("forensics.charts", "forensics.report", "forensics.render", "forensics.demo", "forensics.docs",
-                 "forensics.watch")),
+                 "forensics.watch", "forensics.otel")),
     ("interface", ("forensics.cli", "forensics.commands", "forensics.__main__")),
 ]
 
