@@ -1,0 +1,225 @@
+"""The server's cost model, fitted on recorded runs: what a prompt token costs to prefill, and what one decode step
+costs when ``b`` slots decode at once.
+
+llama-server runs one batch per step: every decoding slot adds one token, and a slot that is prefilling adds its
+prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch costs about the same, so
+
+* one decode step with ``b`` slots decoding: ``step(b) = step_ms + marginal_ms × (b − 1)``;
+* prefilling a prompt of ``p`` tokens (cache excluded): ``prefill_base_ms + prefill_ms_per_token × p +
+  prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same batches);
+* while another slot prefills, a decoding slot waits ``stall_ms_per_token`` per prompt token of that prefill.
+
+The fit reads each request's llama.cpp timings (prompt_ms, gen_ms) and places them on the run's clock: its
+generation ends when the request ended and lasted gen_ms, its prefill lasted prompt_ms before that.  The
+busy-slot timeline is the count of requests generating at each moment; a request's generation time per step is
+regressed on the (token-weighted) mean number of slots decoding with it and on the prompt tokens others
+prefilled meanwhile; its prefill time on its prompt tokens and the slots decoding meanwhile.  Non-negative
+weighted least squares, one robust pass (residuals beyond 4 MADs are dropped once).  Vectorised: numpy step
+functions, no loop per request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.errors import InputError
+from forensics.planning.workload import Workload
+
+
+class NotEnoughData(InputError):
+    """The store's runs cannot support the model: the message says what to record."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Fitted costs in milliseconds (see the module's docstring), with the runs they came from."""
+
+    step_ms: float
+    marginal_ms: float
+    stall_ms_per_token: float
+    prefill_base_ms: float
+    prefill_ms_per_token: float
+    prefill_busy_ms: float
+    runs: tuple[str, ...]
+    nps: tuple[int, ...]
+    requests: int
+    decode_r2: float | None = None
+    prefill_r2: float | None = None
+
+    def step(self, busy: int | float) -> float:
+        """Milliseconds of one decode step with ``busy`` slots decoding."""
+        return self.step_ms + self.marginal_ms * max(float(busy) - 1.0, 0.0)
+
+    def describe(self) -> str:
+        return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding; "
+                f"prefill {self.prefill_ms_per_token * 1000:.0f} µs per prompt token"
+                + (f" (+{self.stall_ms_per_token * 1000:.0f} µs stall per token for the slots decoding)"
+                   if self.stall_ms_per_token > 0 else "")
+                + f"; fitted on {self.requests} requests of {len(self.runs)} runs (np "
+                + ", ".join(str(n) for n in self.nps) + ")")
+
+
+# ---------------------------------------------------------------------------------------- step functions
+def step_integral(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray, qa: np.ndarray, qb: np.ndarray,
+                  f: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """∫ from qa to qb of f(level(t)) dt for each query, where level(t) = Σ weights of the intervals
+    [start, end) holding t (f = identity when None)."""
+    if starts.size == 0:
+        return np.zeros(qa.shape) if f is None else f(np.zeros(1))[0] * (qb - qa)
+    times = np.concatenate([starts, ends])
+    deltas = np.concatenate([weights, -weights])
+    order = np.argsort(times, kind="stable")
+    times, deltas = times[order], deltas[order]
+    level = np.cumsum(deltas)
+    value = level if f is None else f(level)
+    cum = np.concatenate([[0.0], np.cumsum(value[:-1] * np.diff(times))])
+    inside = np.interp(qb, times, cum) - np.interp(qa, times, cum)
+    if f is None:
+        return inside
+    zero = float(f(np.zeros(1))[0])  # outside every interval the level is 0
+    before = np.clip(np.minimum(qb, times[0]) - qa, 0.0, None)
+    after = np.clip(qb - np.maximum(qa, times[-1]), 0.0, None)
+    return inside + zero * (before + after)
+
+
+# ---------------------------------------------------------------------------------------- least squares
+def nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares with every coefficient ≥ 0: the best of the column subsets whose unconstrained
+    solution is non-negative (a handful of columns, so every subset is tried)."""
+    sw = np.sqrt(w)
+    xa, ya = x * sw[:, None], y * sw
+    best, best_sse = np.zeros(x.shape[1]), float(np.sum(ya ** 2))
+    for k in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), k):
+            coef, *_ = np.linalg.lstsq(xa[:, cols], ya, rcond=None)
+            if np.any(coef < 0):
+                continue
+            sse = float(np.sum((ya - xa[:, cols] @ coef) ** 2))
+            if sse < best_sse - 1e-12:
+                best = np.zeros(x.shape[1])
+                best[list(cols)] = coef
+                best_sse = sse
+    return best
+
+
+def robust_nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """``nnls``, then once more without the points whose residual is beyond 4 MADs; (coefficients, r²)."""
+    coef = nnls(x, y, w)
+    resid = y - x @ coef
+    mad = float(np.median(np.abs(resid - np.median(resid)))) * 1.4826
+    if mad > 0:
+        keep = np.abs(resid) <= 4 * mad
+        if keep.sum() >= x.shape[1] + 2 and not keep.all():
+            x, y, w = x[keep], y[keep], w[keep]
+            coef = nnls(x, y, w)
+    mean = float(np.average(y, weights=w))
+    ss_tot = float(np.sum(w * (y - mean) ** 2))
+    r2 = 1 - float(np.sum(w * (y - x @ coef) ** 2)) / ss_tot if ss_tot > 0 else None
+    return coef, r2
+
+
+# ---------------------------------------------------------------------------------------- the fit
+@dataclass
+class _Rows:
+    """Per request of one run's instance: timings and the busy/prompt integrals over its phases."""
+
+    steps: np.ndarray
+    gen_ms: np.ndarray
+    gen_busy: np.ndarray  # token-weighted mean slots decoding during its generation (itself included)
+    gen_prompt: np.ndarray  # prompt tokens others prefilled during its generation
+    prompt: np.ndarray
+    prompt_ms: np.ndarray
+    prompt_busy: np.ndarray  # mean slots decoding during its prefill
+
+
+def timed_jobs(w: Workload) -> pl.DataFrame:
+    """The jobs of ``w`` the fit can place on the clock: served by the replayed instance, with an end and timings."""
+    return w.jobs.filter(pl.col("simulated") & pl.col("end_s").is_not_null() & pl.col("gen_ms").is_not_null()
+                         & pl.col("prompt_ms").is_not_null())
+
+
+def _phases(j: pl.DataFrame) -> dict[str, np.ndarray]:
+    end = j["end_s"].to_numpy().astype(float)
+    gen_s = np.clip(j["gen_ms"].to_numpy().astype(float), 0, None) / 1000.0
+    pr_s = np.clip(j["prompt_ms"].to_numpy().astype(float), 0, None) / 1000.0
+    return {"g0": end - gen_s, "g1": end, "p0": end - gen_s - pr_s, "p1": end - gen_s,
+            "p": j["prompt_eval"].fill_null(0).to_numpy().astype(float),
+            "n": j["gen_tokens"].fill_null(0).to_numpy().astype(float),
+            "gen_ms": gen_s * 1000.0, "prompt_ms": pr_s * 1000.0}
+
+
+def _untimed(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the requests that held a slot generating but have no timings (the client gave up on them:
+    a runaway until its timeout): they count in the busy timeline, from send to end."""
+    j = w.jobs.filter(pl.col("simulated") & pl.col("gen_ms").is_null() & pl.col("send_s").is_not_null()
+                      & pl.col("end_s").is_not_null() & (pl.col("gen_tokens") > 1))
+    return j["send_s"].to_numpy().astype(float), j["end_s"].to_numpy().astype(float)
+
+
+def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
+    ph = _phases(timed_jobs(w))
+    u0, u1 = _untimed(w)
+    b0, b1 = np.concatenate([ph["g0"], u0]), np.concatenate([ph["g1"], u1])  # the busy timeline's intervals
+    ones = np.ones(b0.shape)
+    g_dur = ph["g1"] - ph["g0"]
+    tokens = step_integral(b0, b1, ones, ph["g0"], ph["g1"], lambda b: 1.0 / step(b))
+    weighted = step_integral(b0, b1, ones, ph["g0"], ph["g1"], lambda b: b / step(b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        gen_busy = np.where(tokens > 0, weighted / tokens, 1.0)
+        p_dur = ph["p1"] - ph["p0"]
+        flux = np.where(p_dur > 0, ph["p"] / p_dur, 0.0)
+        prompt_busy = np.where(p_dur > 0, step_integral(b0, b1, ones, ph["p0"], ph["p1"]) / p_dur, 0.0)
+    gen_prompt = step_integral(ph["p0"], ph["p1"], flux, ph["g0"], ph["g1"])
+    gen_busy = np.where(g_dur > 0, gen_busy, 1.0)
+    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prompt, ph["p"], ph["prompt_ms"],
+                 prompt_busy)
+
+
+def _concat(rows: Sequence[_Rows]) -> _Rows:
+    return _Rows(*(np.concatenate([getattr(r, f) for r in rows]) for f in _Rows.__dataclass_fields__))
+
+
+def check_data(workloads: Sequence[Workload]) -> None:
+    """Raise ``NotEnoughData`` (one line: what to record) unless the runs have timed requests at two or more np."""
+    timed = {w.run: w.np for w in workloads if timed_jobs(w).height >= 3}
+    if not timed:
+        raise NotEnoughData("no run has request timings on a clock",
+                            hint="record the harness's per-request send and end times, or start llama-server with "
+                                 "--log-timestamps (or --log-prefix), so each request's time can be placed")
+    nps = sorted(set(timed.values()))
+    if len(nps) < 2:
+        raise NotEnoughData(f"only np {nps[0]} has timed runs ({', '.join(sorted(timed))}): the cost of an extra "
+                            "slot cannot be told from one np",
+                            hint=f"record the same workload at another np as well (e.g. np {max(1, nps[0] // 2)} "
+                                 f"and np {nps[0] * 2})")
+
+
+def fit(workloads: Sequence[Workload]) -> CostModel:
+    """The cost model fitted on ``workloads`` (``check_data`` first: two or more np with timings)."""
+    check_data(workloads)
+    used = [w for w in workloads if timed_jobs(w).height >= 3]
+    alpha, beta = 1.0, 0.0
+    for _ in range(2):  # the token weighting of the busy count depends on the step cost: fit it twice
+        def step(b: np.ndarray, a: float = alpha, m: float = beta) -> np.ndarray:
+            return a + m * np.clip(b - 1.0, 0.0, None)
+        rows = _concat([_rows(w, step) for w in used])
+        ok = (rows.steps > 0) & (rows.gen_ms > 0)
+        if ok.sum() < 3:
+            raise NotEnoughData("fewer than three requests generated more than one token",
+                                hint="record runs whose requests generate some output")
+        x = np.column_stack([np.ones(ok.sum()), rows.gen_busy[ok] - 1.0, rows.gen_prompt[ok] / rows.steps[ok]])
+        coef, dec_r2 = robust_nnls(x, rows.gen_ms[ok] / rows.steps[ok], rows.steps[ok])
+        alpha, beta = max(float(coef[0]), 1e-3), float(coef[1])
+    pk = (rows.prompt > 0) & (rows.prompt_ms > 0)
+    pre = np.zeros(3)
+    pre_r2 = None
+    if pk.sum() >= 3:
+        xp = np.column_stack([np.ones(pk.sum()), rows.prompt[pk], rows.prompt_busy[pk]])
+        pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
+    return CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
+                     tuple(w.run for w in used), tuple(sorted({w.np for w in used})), int(ok.sum()), dec_r2, pre_r2)

@@ -1,0 +1,298 @@
+"""Replay a workload through the cost model: a discrete-event simulation of the harness and one llama-server.
+
+Event-driven, not stepped: between two events (a send, a prefill's end, a request's last token, a worker's next
+send) the set of decoding slots is fixed, so every decoding request advances at ``1 / step(b)`` tokens per
+millisecond and the next completion is computed, not waited for.  A few events per request, none per token.
+
+Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue; prefills run one after another
+(``prefill_base_ms + prefill_ms_per_token × p + prefill_busy_ms × b``) and stall the decoding slots by
+``stall_ms_per_token × p``; then the request decodes its remaining tokens with the others.
+
+Harness (``Harness.policy``): ``chain`` (a worker sends its item's next request ``lag_s`` after the previous one
+ended, else takes the next item ``gap_s`` later), ``fifo`` (ready requests queue for any free worker) or
+``barrier`` (a stage's first attempts wait until every request of the stage before has ended).  Requests the model
+does not replay (another instance served them, or no tokens are known) keep their recorded latency.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.planning.costmodel import CostModel
+from forensics.planning.workload import Harness, Workload
+
+INF = math.inf
+DONE_EPS = 1e-9  # a decoding request with this few steps left has finished
+
+
+@dataclass
+class Simulated:
+    """Per job (in the workload's order): when it was sent, got a slot, started generating, ended at the server
+    and at the client; and the run's figures computed from them like ``metrics.throughput`` does."""
+
+    send: np.ndarray
+    assign: np.ndarray
+    gen_start: np.ndarray
+    server_end: np.ndarray
+    client_end: np.ndarray
+    latency: np.ndarray
+    gen_tokens: np.ndarray  # tokens the run's metrics count (a client's: those of the answers it got)
+    gave_up: np.ndarray  # the client gave up on it (its timeout) before the answer came
+    simulated: np.ndarray
+    wall_s: float
+    busy: pl.DataFrame  # t_s, busy: slots in use after each change
+
+
+class _Server:
+    """One llama-server: slots, a slot queue, serial prefills, decoding slots advancing together."""
+
+    def __init__(self, model: CostModel, slots: int, prompt: np.ndarray, steps: np.ndarray) -> None:
+        self.m, self.free, self.prompt, self.steps = model, slots, prompt, steps
+        self.t = 0.0
+        self.waiting: deque[int] = deque()
+        self.prefill_q: deque[int] = deque()
+        self.prefilling, self.prefill_end = -1, INF
+        self.dec: list[int] = []
+        self.rem: list[float] = []
+        self.stall_until = 0.0
+        n = prompt.size
+        self.assign, self.gen_start, self.end = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        self.decoded = np.zeros(n)  # tokens generated: all of them, or those before the client gave up
+
+    def _step_s(self) -> float:
+        return self.m.step(len(self.dec)) / 1000.0
+
+    def advance(self, t: float) -> None:
+        if self.dec:
+            run = max(0.0, t - max(self.t, self.stall_until))
+            if run > 0:
+                done = run / self._step_s()
+                self.rem = [r - done for r in self.rem]
+        self.t = max(self.t, t)
+
+    def next_time(self) -> float:
+        t_dec = INF
+        if self.dec:
+            t_dec = max(self.t, self.stall_until) + max(min(self.rem), 0.0) * self._step_s()
+        return min(t_dec, self.prefill_end)
+
+    def arrive(self, job: int, t: float) -> None:
+        self.advance(t)
+        if self.free > 0:
+            self._assign(job, t)
+        else:
+            self.waiting.append(job)
+
+    def _assign(self, job: int, t: float) -> None:
+        self.free -= 1
+        self.assign[job] = t
+        self.prefill_q.append(job)
+        if self.prefilling < 0:
+            self._start_prefill(t)
+
+    def _start_prefill(self, t: float) -> None:
+        job = self.prefill_q.popleft()
+        p, b = float(self.prompt[job]), len(self.dec)
+        self.prefilling = job
+        self.prefill_end = t + (self.m.prefill_base_ms + self.m.prefill_ms_per_token * p
+                                + self.m.prefill_busy_ms * b) / 1000.0
+        if self.dec and self.m.stall_ms_per_token > 0:
+            self.stall_until = max(self.stall_until, t) + self.m.stall_ms_per_token * p / 1000.0
+
+    def step_to(self, t: float) -> list[int]:
+        """Advance to ``t`` (an event of this server's) and return the jobs that ended there."""
+        self.advance(t)
+        ended: list[int] = []
+        if self.prefilling >= 0 and self.prefill_end <= t:
+            job, self.prefilling, self.prefill_end = self.prefilling, -1, INF
+            self.gen_start[job] = t
+            if self.steps[job] > 0:
+                self.dec.append(job)
+                self.rem.append(float(self.steps[job]))
+            else:
+                ended.append(job)
+            if self.prefill_q:
+                self._start_prefill(t)
+        if self.dec and min(self.rem) <= DONE_EPS:
+            keep = [(j, r) for j, r in zip(self.dec, self.rem, strict=True) if r > DONE_EPS]
+            ended += [j for j, r in zip(self.dec, self.rem, strict=True) if r <= DONE_EPS]
+            self.dec, self.rem = [j for j, _ in keep], [r for _, r in keep]
+        for job in ended:
+            self.decoded[job] = self.steps[job] + 1
+            self._release(job, t)
+        return ended
+
+    def _release(self, job: int, t: float) -> None:
+        self.end[job] = t
+        self.free += 1
+        if self.waiting:
+            self._assign(self.waiting.popleft(), t)
+
+    def cancel(self, job: int, t: float) -> None:
+        """The client gave up on ``job`` at ``t``: the server stops it and frees its slot."""
+        self.advance(t)
+        if job in self.waiting:  # never had a slot
+            self.waiting.remove(job)
+            self.end[job] = t
+            return
+        if job in self.dec:
+            k = self.dec.index(job)
+            self.decoded[job] = self.steps[job] - max(self.rem[k], 0.0) + 1
+            del self.dec[k], self.rem[k]
+        elif job == self.prefilling:
+            self.prefilling, self.prefill_end = -1, INF
+            if self.prefill_q:
+                self._start_prefill(t)
+        elif job in self.prefill_q:
+            self.prefill_q.remove(job)
+        self._release(job, t)
+
+
+SEND, CLIENT_DONE, READY, DISPATCH, GIVE_UP = 0, 1, 2, 3, 4
+
+
+class _Harness:
+    """The client side: workers, the order of sends, dependencies, think times."""
+
+    def __init__(self, h: Harness, jobs: pl.DataFrame, concurrency: int) -> None:
+        self.h, self.concurrency = h, concurrency
+        self.prev = jobs["prev"].to_numpy()
+        self.lag = np.nan_to_num(jobs["lag_s"].to_numpy().astype(float), nan=h.gap_s)
+        n = jobs.height
+        self.succ = np.full(n, -1, dtype=np.int64)
+        has = self.prev >= 0
+        self.succ[self.prev[has]] = np.nonzero(has)[0]
+        self.stage = jobs["stage_idx"].to_numpy()
+        self.heads: deque[int] = deque(int(i) for i in np.nonzero(~has)[0])
+        self.ready: deque[int] = deque()
+        self.idle = concurrency
+        self.gated: dict[int, list[int]] = {}  # barrier: stage -> jobs waiting for the stage before to end
+        self.left = np.bincount(self.stage, minlength=int(self.stage.max()) + 1) if n else np.zeros(1, dtype=int)
+        if h.policy == "barrier":
+            for i in list(self.heads):
+                if self.stage[i] > int(self.stage.min()):
+                    self.heads.remove(i)
+                    self.gated.setdefault(int(self.stage[i]), []).append(i)
+            for i in np.nonzero(has & (self.stage != self.stage[np.maximum(self.prev, 0)]))[0]:
+                self.succ[self.prev[i]] = -1  # a later stage's first attempt waits for its whole stage, not its item
+                self.gated.setdefault(int(self.stage[i]), []).append(int(i))
+
+    def start(self, push: PushFn) -> None:
+        """The first sends: one per worker, staggered as recorded."""
+        for w in range(min(self.concurrency, len(self.heads))):
+            push(w * self.h.stagger_s, SEND, self.heads.popleft())
+            self.idle -= 1
+
+    def done(self, job: int, t: float, push: PushFn) -> None:
+        """``job`` ended at the client at ``t``: its successor, the next item, the next stage."""
+        nxt = int(self.succ[job])
+        self.left[self.stage[job]] -= 1
+        if self.h.policy == "barrier" and self.left[self.stage[job]] == 0:
+            for i in self.gated.pop(int(self.stage[job]) + 1, []):
+                self.ready.append(i)
+        if nxt >= 0 and self.h.policy == "chain":
+            push(t + self.lag[nxt], SEND, nxt)  # the worker keeps its item
+            return
+        if nxt >= 0:
+            push(t + self.lag[nxt], READY, nxt)
+        self.idle += 1
+        push(t + self.h.gap_s, DISPATCH, -1)
+
+    def dispatch(self, t: float, push: PushFn) -> None:
+        while self.idle > 0 and (self.ready or self.heads):
+            job = self.ready.popleft() if self.ready else self.heads.popleft()
+            self.idle -= 1
+            push(t, SEND, job)
+
+
+class PushFn:
+    """Schedules an event on the simulation's heap (a callable, typed for the harness)."""
+
+    def __init__(self, heap: list[tuple[float, int, int, int]]) -> None:
+        self.heap, self.seq = heap, 0
+
+    def __call__(self, t: float, kind: int, job: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, job))
+
+
+def simulate(w: Workload, model: CostModel, *, slots: int, concurrency: int | None = None,
+             cap: int | None = None) -> Simulated:
+    """Replay ``w`` on a server with ``slots`` slots and the harness at ``concurrency`` (default: the run's own,
+    or ``slots`` when the run's harness matched its np), each output cut at ``cap`` tokens when given."""
+    jobs = w.jobs
+    conc = concurrency or (slots if w.harness.concurrency == w.np else w.harness.concurrency)
+    target = jobs["target"].fill_null(0).to_numpy().astype(float)
+    if cap is not None:
+        target = np.minimum(target, float(cap))
+    sim_mask = jobs["simulated"].to_numpy()
+    steps = np.where(sim_mask, np.clip(target - 1, 0, None), 0.0)
+    server = _Server(model, slots, jobs["prompt_eval"].fill_null(0).to_numpy().astype(float), steps)
+    harness = _Harness(w.harness, jobs, conc)
+    n = jobs.height
+    send, client_end = np.full(n, np.nan), np.full(n, np.nan)
+    gave_up = np.zeros(n, dtype=bool)
+    fixed = jobs["fixed_s"].to_numpy().astype(float)
+    deadline = jobs["deadline_s"].to_numpy().astype(float)
+    heap: list[tuple[float, int, int, int]] = []
+    push = PushFn(heap)
+    harness.start(push)
+    while heap or server.next_time() < INF:
+        t_srv = server.next_time()
+        if t_srv < INF and (not heap or t_srv <= heap[0][0]):
+            for job in server.step_to(t_srv):
+                push(t_srv + w.harness.overhead_s, CLIENT_DONE, job)
+            continue
+        t, _, kind, job = heapq.heappop(heap)
+        if kind == SEND:
+            send[job] = t
+            if not sim_mask[job]:
+                push(t + fixed[job], CLIENT_DONE, job)
+                continue
+            server.arrive(job, t)
+            if not math.isnan(deadline[job]):
+                push(t + deadline[job], GIVE_UP, job)
+        elif kind in (CLIENT_DONE, GIVE_UP):
+            if not math.isnan(client_end[job]):
+                continue  # ended before its deadline, or given up before its answer came
+            if kind == GIVE_UP:
+                server.cancel(job, t)
+                gave_up[job] = True
+            client_end[job] = t
+            harness.done(job, t, push)
+        elif kind == READY:
+            harness.ready.append(job)
+            harness.dispatch(t, push)
+        else:
+            harness.dispatch(t, push)
+    return _result(w, server, send, client_end, gave_up)
+
+
+def _result(w: Workload, server: _Server, send: np.ndarray, client_end: np.ndarray, gave_up: np.ndarray) -> Simulated:
+    sim_mask = w.jobs["simulated"].to_numpy()
+    gen = np.where(sim_mask, server.decoded, w.jobs["gen_tokens"].fill_null(0).to_numpy().astype(float))
+    if w.source == "records":  # a client counts the tokens of the answers it got, not of those it gave up on
+        gen = np.where(gave_up, 0.0, gen)
+    if w.source == "records":
+        latency = client_end - send
+        wall = float(np.nanmax(client_end) - np.nanmin(send)) if send.size else 0.0
+    else:  # a server log's latency is llama.cpp's own time, from the slot taking the request
+        latency = server.end - server.assign
+        wall = float(np.nanmax(server.end) - np.nanmin(server.assign)) if send.size else 0.0
+    return Simulated(send, server.assign, server.gen_start, server.end, client_end, latency, gen, gave_up, sim_mask, wall,
+                     busy_timeline(server.assign[sim_mask], server.end[sim_mask]))
+
+
+def busy_timeline(starts: np.ndarray, ends: np.ndarray) -> pl.DataFrame:
+    """Slots in use after each change: (t_s, busy)."""
+    ok = ~np.isnan(starts) & ~np.isnan(ends)
+    t = np.concatenate([starts[ok], ends[ok]])
+    d = np.concatenate([np.ones(ok.sum(), dtype=np.int64), -np.ones(ok.sum(), dtype=np.int64)])
+    df = pl.DataFrame({"t_s": t, "d": d}).group_by("t_s").agg(pl.col("d").sum()).filter(pl.col("d") != 0)
+    return df.sort("t_s").select("t_s", pl.col("d").cum_sum().alias("busy"))

@@ -1,0 +1,204 @@
+"""``whatif``: a run's own workload replayed at another np and/or with an output cap, with error bands.
+
+The run's requests (``workload``) go through the cost model fitted on the store's healthy runs of the same model
+(``predict.planner``); each figure carries the band leave-one-run-out measured for predictions of its kind.  With
+a cap, the outputs it cuts are named by the cap finding's own rule (``findings.cut_by_cap``: normal responses at
+or above it, runaways past it), and the time saved is the run's duration times the relative saving the model
+predicts between the run with and without the cap (the model's own bias on this run cancels out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from forensics.errors import InputError
+from forensics.planning import predict, simulate
+from forensics.planning.costmodel import CostModel
+from forensics.planning.predict import FIGURE_NAMES, FIGURES, Planner
+from forensics.store import Store
+
+TABLE_SCHEMA = {"figure": pl.String, "predicted": pl.Float64, "low": pl.Float64, "high": pl.Float64,
+                "band_pct": pl.Float64, "band": pl.String, "measured": pl.Float64, "measured_run": pl.String}
+CUT_SCHEMA = {"item": pl.String, "stage": pl.String, "attempt": pl.Int64, "class": pl.String, "gen_tokens": pl.Int64,
+              "tokens_cut": pl.Int64, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64}
+
+
+@dataclass
+class WhatIf:
+    """The prediction for one run at ``np`` slots (and ``cap``), next to what was measured where something was."""
+
+    run: str
+    np: int
+    cap: int | None
+    concurrency: int
+    table: pl.DataFrame  # TABLE_SCHEMA: one row per figure (and "time saved" with a cap)
+    cuts: pl.DataFrame  # CUT_SCHEMA: the outputs the cap cuts
+    busy: pl.DataFrame  # t_s, busy: predicted slots in use
+    model: CostModel
+    pool: list[str]
+    left_out: dict[str, str]
+    folds: pl.DataFrame
+    sentences: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def figure(self, name: str) -> dict[str, Any]:
+        """The table's row of ``name`` (a FIGURES key or ``time_saved_s``)."""
+        rows = self.table.filter(pl.col("figure") == _label(name)).to_dicts()
+        if not rows:
+            raise KeyError(name)
+        return rows[0]
+
+
+def _label(name: str) -> str:
+    return {"time_saved_s": "time saved (s)"}.get(name, f"{FIGURE_NAMES.get(name, name)}"
+                                                         f"{'' if name == 'gen_tok_per_s' else ' (s)'}")
+
+
+def fmt_s(seconds: float | None) -> str:
+    """A duration for a sentence: 4.2 s, 71 s, 4m10s, 1h02m."""
+    if seconds is None or not np.isfinite(seconds):
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        m, s = divmod(round(seconds), 60)
+        return f"{m}m{s:02d}s"
+    h, m = divmod(round(seconds / 60), 60)
+    return f"{h}h{m:02d}m"
+
+
+def band_row(p: Planner, figure: str, value: float, np_: int, measured: tuple[float | None, str | None]) -> dict[str, Any]:
+    """One row of a prediction table: the value, its band from the folds, and the measured figure if any."""
+    rel, kind = p.band(figure, np_)
+    lo, hi = (value * (1 - rel), value * (1 + rel)) if rel is not None else (None, None)
+    return {"figure": _label(figure), "predicted": value, "low": lo, "high": hi,
+            "band_pct": rel * 100 if rel is not None else None, "band": kind if rel is not None else "none",
+            "measured": measured[0], "measured_run": measured[1]}
+
+
+def measured_at(p: Planner, run: str, np_: int, figure: str) -> tuple[float | None, str | None]:
+    """The figure measured on ``run`` itself when it ran at ``np_``, else on a run of its sweep that did."""
+    cands = [run] if p.workloads[run].np == np_ else []
+    cands += [r for r in p.sweeps.get(run, []) if r != run and p.workloads.get(r) and p.workloads[r].np == np_]
+    for r in cands:
+        v = p.measured.get(r, {}).get(figure)
+        if v is not None:
+            return float(v), r
+    return None, None
+
+
+def _cuts(store: Store, p: Planner, run: str, cap: int) -> pl.DataFrame:
+    """The outputs ``cap`` cuts: the cap finding's rows (server requests with their class), else, for a run with
+    records only, the attempts at or above the cap with no class."""
+    from forensics import findings
+
+    jobs = p.workloads[run].jobs
+    keys = ["instance", "slot", "task"]
+    rows = findings.cap_cuts(store, run, cap)
+    if rows.height:
+        att = jobs.filter(pl.col("task").is_not_null()).select(*keys, "attempt").unique(keys)
+        rows = rows.join(att, on=keys, how="left").with_columns(
+            pl.when(pl.col("runaway")).then(pl.lit("runaway")).otherwise(pl.lit("normal")).alias("class"))
+    elif jobs["task"].null_count() == jobs.height:
+        rows = jobs.filter(pl.col("gen_tokens") >= cap).with_columns(pl.lit("unclassified").alias("class"))
+    else:
+        return pl.DataFrame(schema=CUT_SCHEMA)
+    out = rows.with_columns((pl.col("gen_tokens") - cap).clip(lower_bound=0).alias("tokens_cut"))
+    return out.select(list(CUT_SCHEMA)).cast(CUT_SCHEMA).sort("item", "stage", "attempt", nulls_last=True)  # type: ignore[arg-type]
+
+
+def _saved(p: Planner, run: str, np_: int, with_cap: dict[str, float], without: dict[str, float],
+           measured: float | None) -> dict[str, Any]:
+    """Time saved by the cap: the run's duration (measured at this np when known, else predicted without the cap)
+    times the relative saving the model predicts."""
+    rel_saving = 1 - with_cap["run_s"] / without["run_s"] if without["run_s"] > 0 else 0.0
+    base = measured if measured is not None else without["run_s"]
+    row = band_row(p, "run_s", base * rel_saving, np_, (None, None))
+    row["figure"] = _label("time_saved_s")
+    return row
+
+
+def whatif(store: Store, run: str, *, np_: int | None = None, cap: int | None = None,
+           concurrency: int | None = None, instance: str | None = None) -> WhatIf:
+    """``run``'s workload at ``np_`` slots (default its own) and with output ``cap`` (default none), its harness
+    at ``concurrency`` (default: its own, or following ``np_`` when it matched the run's np)."""
+    _check_positive(np_=np_, cap=cap, concurrency=concurrency)
+    return whatif_with(predict.planner(store, [run], instance=instance), run, np_=np_, cap=cap, concurrency=concurrency)
+
+
+def _check_positive(**values: int | None) -> None:
+    bad = [k.rstrip("_") for k, v in values.items() if v is not None and v < 1]
+    if bad:
+        raise InputError(f"{', '.join(bad)} must be 1 or more", hint="e.g. --np 4 --cap 1024")
+
+
+def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None = None,
+                concurrency: int | None = None) -> WhatIf:
+    """``whatif`` with a planner already built for ``run``."""
+    _check_positive(np_=np_, cap=cap, concurrency=concurrency)
+    name = store_run(p, run)
+    w = p.workloads[name]
+    n = np_ or w.np
+    pred, sim = p.predict(name, n, cap=cap, concurrency=concurrency)
+    rows = [band_row(p, f, pred[f], n, measured_at(p, name, n, f)) for f in FIGURES]
+    cuts = pl.DataFrame(schema=CUT_SCHEMA)
+    if cap is not None:
+        base, _ = p.predict(name, n, concurrency=concurrency)
+        rows.append(_saved(p, name, n, pred, base, measured_at(p, name, n, "run_s")[0]))
+        cuts = _cuts(p.store, p, name, cap)
+    conc = concurrency or (n if w.harness.concurrency == w.np else w.harness.concurrency)
+    res = WhatIf(name, n, cap, conc, pl.DataFrame(rows, schema=TABLE_SCHEMA, orient="row"), cuts, sim.busy,
+                 p.model, p.pool, p.left_out, p.folds, notes=list(p.notes) + list(w.notes))
+    res.sentences = sentences(res, w.np, sim)
+    return res
+
+
+def store_run(p: Planner, run: str) -> str:
+    """The stored name of ``run`` (an alias resolves to it)."""
+    from forensics import runs as runs_mod
+
+    return runs_mod.resolve(p.store, [run]).runs[0]
+
+
+def sentences(res: WhatIf, own_np: int, sim: simulate.Simulated) -> list[str]:
+    """What the prediction says, in words: the figures with their bands, the cap's cuts and saving, what it rests on."""
+    t = {r["figure"]: r for r in res.table.to_dicts()}
+
+    def fig(name: str) -> str:
+        r = t[_label(name)]
+        band = f" ±{r['band_pct']:.0f} %" if r["band_pct"] is not None else " (no band)"
+        return fmt_s(r["predicted"]) + band
+    at = f"at np {res.np}" + (f" (it ran at np {own_np})" if res.np != own_np else "") + \
+        (f" with output cap {res.cap}" if res.cap is not None else "")
+    out = [f"{res.run} {at}: run time {fig('run_s')}, request latency p50 {fig('latency_p50_s')}, "
+           f"p95 {fig('latency_p95_s')}, max {fig('latency_max_s')}; peak {int(res.busy['busy'].max() or 0)} "
+           f"slots busy."]
+    if res.cap is not None:
+        out.append(cap_sentence(res))
+    bands = sorted({r["band"] for r in res.table.to_dicts() if r["band"] != "none"})
+    out.append(f"Model: {res.model.describe()}; bands: the largest error of leave-one-run-out over "
+               f"{len(res.folds['run'].unique())} runs ({', '.join(bands) or 'none'}).")
+    return out
+
+
+def cap_sentence(res: WhatIf) -> str:
+    """Which outputs the cap cuts, by class and item, and the time it saves."""
+    def named(df: pl.DataFrame) -> str:
+        items = [f"{r['item'] or 'task ' + str(r['task'])}/{r['stage'] or '?'}" for r in df.to_dicts()]
+        return ", ".join(dict.fromkeys(items))
+    run_away = res.cuts.filter(pl.col("class") == "runaway")
+    normal = res.cuts.filter(pl.col("class") == "normal")
+    other = res.cuts.filter(~pl.col("class").is_in(["runaway", "normal"]))
+    saved = res.figure("time_saved_s")
+    band = f" ±{saved['band_pct']:.0f} %" if saved["band_pct"] is not None else ""
+    parts = [f"{run_away.height} runaway(s)" + (f" ({named(run_away)})" if run_away.height else ""),
+             f"{normal.height} normal response(s)" + (f" ({named(normal)})" if normal.height else "")]
+    if other.height:
+        parts.append(f"{other.height} output(s) of unknown class ({named(other)})")
+    return (f"Cap {res.cap} cuts " + ", ".join(parts) + f"; it saves {fmt_s(saved['predicted'])}{band} of run time.")
