@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch")
+                   "demo", "watch", "planning")
 
 
 def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
