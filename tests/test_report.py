@@ -64,7 +64,7 @@ def test_the_verdict_comes_first_and_links_to_its_tables(demo_page: str) -> None
 def test_throughput_pools_only_the_comparable_healthy_runs(demo_page: str) -> None:
     """One run named: its sweep (the runs with its model and stages), less the runs that measured a broken
     server: the dead slot of run-np6 itself, and run-np8 that a watchdog killed."""
-    section = demo_page[demo_page.index('<h2 id="throughput">'):demo_page.index('<h2 id="metrics">')]
+    section = demo_page[demo_page.index('<h2 id="throughput">'):demo_page.index('<h2 id="whatif">')]
     assert ("<p>Compared: the runs with the same model and stages: run-np1, run-np2, run-np3, run-np4, run-np5, "
             "run-np7.</p>") in section
     left_out = re.findall(r"<li>(run-np\d+):", section)

@@ -79,12 +79,13 @@ class Planner:
     notes: list[str] = field(default_factory=list)
 
     def band(self, figure: str, np_: int) -> tuple[float | None, str]:
-        """(relative half-width, kind) of the error band of ``figure`` predicted at ``np_``: the largest relative
-        error of the folds of the same kind (interpolated or extrapolated), else of any fold."""
+        """(relative half-width, kind) of the error band of ``figure`` predicted at ``np_``.  Interpolated (``np_``
+        within the pool's np): the largest relative error of every fold, since an extrapolated fold errs at least
+        as much as an interpolated one would.  Extrapolated: the largest of the extrapolated folds (else of any)."""
         nps = sorted({w.np for r, w in self.workloads.items() if r in self.pool})
         kind = "interpolated" if nps and nps[0] <= np_ <= nps[-1] else "extrapolated"
         f = self.folds.filter(pl.col("figure") == figure)
-        same = f.filter(pl.col("kind") == kind)
+        same = f.filter(pl.col("kind") == "extrapolated") if kind == "extrapolated" else f
         use = same if same.height else f
         if use.height == 0:
             return None, kind

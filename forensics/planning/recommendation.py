@@ -1,8 +1,10 @@
 """``recommend``: which np (and which output cap) meets the smoke budgets, from runs already recorded.
 
-For every candidate np: the measured figures when a healthy run of the sweep ran there (and the cap, if one is
-asked for, would not have changed it), else the prediction from the run nearest in np replayed at that np
-(``predict.Planner``), with its band.  Each budget is checked as ``smoke`` checks it (run time: the manifest's
+For every candidate np (by default the powers of two up to 16 and every np the sweep measured): the measured
+figures when a healthy run of the sweep ran there (and the cap, if one is asked for, would not have changed it),
+else the prediction: the median of the sweep's runs' workloads each replayed at that np (``predict.Planner``), with
+a band of the model's leave-one-run-out error plus half the spread of those replays (how much the runs' own
+workloads differ).  Each budget is checked as ``smoke`` checks it (run time: the manifest's
 duration else the wall time; request: the longest request; p95) and, for a prediction, against the band too:
 ``pass`` (even the band's upper edge holds), ``likely pass`` (the prediction holds, its band's edge does not),
 ``likely fail``, ``fail``.  The recommendation is the np with the highest throughput whose every budget passes or
@@ -11,6 +13,7 @@ likely passes; how sure it is says which budgets hold only inside the band.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,12 @@ def parse_np_range(text: str) -> list[int]:
             raise InputError(f"np range {part!r} is not 1 ≤ low ≤ high ≤ {MAX_NP}", hint='write e.g. "1-16"')
         out.update(range(a, b + 1))
     return sorted(out)
+
+
+def default_candidates(measured: list[int], top: int = 16) -> list[int]:
+    """The np worth predicting when none are asked for: the powers of two up to ``top`` (what smoke tests try) and
+    every np the sweep measured."""
+    return sorted({*(2 ** k for k in range(top.bit_length()) if 2 ** k <= top), *measured})
 
 
 def check(value: float | None, low: float | None, high: float | None, limit: float) -> str:
@@ -93,17 +102,29 @@ def _measured_at(p: Planner, runs: list[str], np_: int, cap: int | None, cut: di
     return [r for r in runs if p.workloads[r].np == np_ and (cap is None or cut.get(r, 0) == 0)]
 
 
+def _predicted(p: Planner, np_: int, sources: list[str], cap: int | None) -> tuple[dict[str, float], dict[str, float]]:
+    """Each figure at ``np_``: the median over the sweep's workloads replayed there, and the relative half-spread of
+    those replays (how much the runs' own workloads differ: a band a prediction from another run must carry)."""
+    preds = [p.predict(r, np_, cap=cap)[0] for r in sources]
+    mid, spread = {}, {}
+    for fig in predict.FIGURES:
+        vals = sorted(v[fig] for v in preds)
+        mid[fig] = float(vals[len(vals) // 2]) if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+        spread[fig] = (vals[-1] - vals[0]) / 2 / mid[fig] if mid[fig] else 0.0
+    return mid, spread
+
+
 def _row(p: Planner, np_: int, sources: list[str], measured: list[str], cap: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The candidate's figures (measured, else predicted with bands) and its points of the curve."""
-    src = p.source_for(np_, among=sources)
-    pred, _ = p.predict(src, np_, cap=cap)
+    pred, spread = _predicted(p, np_, sources, cap)
     row: dict[str, Any] = {"np": np_, "basis": "measured" if measured else "predicted",
-                           "from_runs": ", ".join(measured) if measured else src}
+                           "from_runs": ", ".join(measured or sources)}
     curve = []
     for fig in predict.FIGURES:
         rel, _ = p.band(fig, np_)
         meas = [p.measured[r][fig] for r in measured if p.measured.get(r, {}).get(fig) is not None]
         m_val = sum(meas) / len(meas) if meas else None
+        rel = None if rel is None else rel + spread[fig]
         lo, hi = (pred[fig] * (1 - rel), pred[fig] * (1 + rel)) if rel is not None else (None, None)
         curve.append({"np": np_, "figure": fig, "predicted": pred[fig], "low": lo, "high": hi, "measured": m_val})
         if measured:
@@ -165,7 +186,7 @@ def recommend_with(p: Planner, targets: list[str], budgets: Budgets, *, np_range
     sweep = [r for r in targets if r in p.pool] or p.pool
     cap_value, notes = _cap_of(store, sweep, cap)
     cut = _cut_counts(store, sweep, cap_value)
-    cands = np_range or parse_np_range("1-16")
+    cands = np_range or default_candidates([p.workloads[r].np for r in sweep])
     rows, curve = [], []
     for n in cands:
         row, pts = _row(p, n, sweep, _measured_at(p, sweep, n, cap_value, cut), cap_value)
@@ -226,11 +247,35 @@ def _words(rec: Recommendation, p: Planner, sweep: list[str]) -> tuple[str, list
     sure = ("measured" if r["basis"] == "measured" else
             "every budget holds even at its band's edge" if not shaky else
             f"{' and '.join(shaky)} {'holds' if len(shaky) == 1 else 'hold'} only inside the band")
-    basis = (f"measured on {r['from_runs']}" if r["basis"] == "measured"
-             else f"predicted from {r['from_runs']}'s workload")
+    srcs = str(r["from_runs"]).split(", ")
+    basis = (f"measured on {r['from_runs']}" if r["basis"] == "measured" else
+             f"predicted from {srcs[0]}'s workload" if len(srcs) == 1 else
+             f"predicted: the median of {', '.join(srcs[:-1])} and {srcs[-1]}'s workloads")
     return (f"Recommended np {rec.np}{cap} ({basis}: {figs}; {sure}), from {rests}.", details)
 
 
 def _pct(row: dict[str, Any], fig: str) -> str:
     v, hi = row[fig], row[f"{fig}_high"]
     return f"{(hi / v - 1) * 100:.0f}" if v and hi is not None else "?"
+
+
+BUDGET_KEYS = {"run": "max_run_s", "request": "max_request_s", "p95": "max_p95_s"}
+
+
+def run_budgets(store: Store, run: str) -> dict[str, float]:
+    """The budgets in ``run``'s manifest (config.budgets), in seconds."""
+    con = store.connect(tables=["runs"])
+    try:
+        row = con.execute("SELECT any_value(config) FROM runs WHERE run = ?", [run]).fetchone()
+    finally:
+        con.close()
+    try:
+        budgets: Any = (json.loads(row[0]) if row and row[0] else {}).get("budgets") or {}
+    except (ValueError, AttributeError):
+        return {}
+    out = {}
+    for name, key in BUDGET_KEYS.items():
+        v = budgets.get(key) if isinstance(budgets, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            out[name] = float(v)
+    return out

@@ -1,42 +1,20 @@
 """The report's "What if" section: for the report's run, the prediction at the recommended np and cap next to what
 happened (the outputs layer: HTML from ``forensics.planning``'s results, charts from ``planning.charts``).
 
-The budgets are the run's own (its manifest's ``budgets``: max_run_s, max_request_s, max_p95_s); without them the
-section predicts the run at its own np with the recommended output cap.  When the store cannot support a prediction
+The budgets are the run's own (``recommendation.run_budgets``: its manifest's max_run_s, max_request_s,
+max_p95_s); without them the section predicts the run at its own np with the recommended output cap.  When the store cannot support a prediction
 the section says, in one line, what to record.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from typing import Any
 
 import polars as pl
 
 from forensics.errors import ForensicsError, bug_boundary
 from forensics.store import Store
-
-BUDGET_KEYS = {"run": "max_run_s", "request": "max_request_s", "p95": "max_p95_s"}
-
-
-def run_budgets(store: Store, run: str) -> dict[str, float]:
-    """The budgets in ``run``'s manifest (config.budgets), in seconds."""
-    con = store.connect(tables=["runs"])
-    try:
-        row = con.execute("SELECT any_value(config) FROM runs WHERE run = ?", [run]).fetchone()
-    finally:
-        con.close()
-    try:
-        budgets: Any = (json.loads(row[0]) if row and row[0] else {}).get("budgets") or {}
-    except (ValueError, AttributeError):
-        return {}
-    out = {}
-    for name, key in BUDGET_KEYS.items():
-        v = budgets.get(key) if isinstance(budgets, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            out[name] = float(v)
-    return out
 
 
 def _side_by_side(res: Any, measured: dict[str, float], own_np: int) -> pl.DataFrame:
@@ -67,7 +45,7 @@ def _body(store: Store, run: str, charts: Any, table: Any) -> list[str]:
     from forensics import findings, metrics
     from forensics.planning import charts as pcharts
     from forensics.planning import predict
-    from forensics.planning.recommendation import Budgets, recommend_with
+    from forensics.planning.recommendation import Budgets, recommend_with, run_budgets
     from forensics.planning.what_if import whatif_with
 
     p = predict.planner(store, [run])

@@ -192,23 +192,54 @@ def harness_timeout(rows: pl.DataFrame) -> float | None:
     return float(t.max()) if t.len() else None  # type: ignore[arg-type]
 
 
-def jobs_of(rows: pl.DataFrame, instance: str | None, stages: list[str] | None = None) -> pl.DataFrame:
+def _targets(rows: pl.DataFrame, runaways: pl.DataFrame | None) -> pl.Expr:
+    """What each request would have generated had nobody stopped it.  Ended by itself: what it generated.  Given up
+    on by the client (a timeout): a runaway (the runaways finding says so) would have run on to the slot's context;
+    any other (a slow slot, say) at least its stage's usual output (the median of the stage's answered requests)."""
+    done = rows.filter(~pl.col("outcome").is_in(GAVE_UP) & pl.col("gen_tokens").is_not_null())
+    usual = dict(done.group_by("stage").agg(pl.col("gen_tokens").median()).iter_rows())
+    fallback = float(done["gen_tokens"].median() or 0.0) if done.height else 0.0
+    usual_expr = pl.col("stage").replace_strict(usual, default=fallback, return_dtype=pl.Float64) if usual else \
+        pl.lit(fallback)
+    room = pl.col("n_ctx_slot") - pl.col("prompt_tokens")
+    run_away = pl.col("_runaway") if runaways is not None else pl.lit(False)
+    gave_up = pl.col("outcome").is_in(GAVE_UP)
+    return (pl.when(gave_up & run_away).then(pl.max_horizontal("gen_tokens", room))
+            .when(gave_up).then(pl.max_horizontal(pl.col("gen_tokens"), usual_expr.round().cast(pl.Int64)))
+            .otherwise(pl.col("gen_tokens")))
+
+
+def jobs_of(rows: pl.DataFrame, instance: str | None, stages: list[str] | None = None,
+            runaways: pl.DataFrame | None = None) -> pl.DataFrame:
     """The run's requests as jobs, in send order: ``simulated`` for those the chosen ``instance`` served with
-    known tokens (the model replays them), the others keep their recorded latency (``fixed_s``)."""
+    known tokens (the model replays them), the others keep their recorded latency (``fixed_s``).  ``runaways``:
+    the (instance, slot, task) the runaways finding names."""
     rows = rows.sort(pl.col("send_s").fill_null(float("inf")), "ord")
+    if runaways is not None:
+        keys = runaways.select("instance", "slot", "task").unique().with_columns(pl.lit(True).alias("_runaway"))
+        rows = rows.join(keys, on=["instance", "slot", "task"], how="left", maintain_order="left").with_columns(
+            pl.col("_runaway").fill_null(False))
     served = pl.col("gen_tokens").is_not_null() & pl.col("prompt_tokens").is_not_null()
     if instance is not None:
         served = served & (pl.col("instance") == instance)
     gave_up = pl.col("outcome").is_in(GAVE_UP)
-    room = pl.col("n_ctx_slot") - pl.col("prompt_tokens")
     timeout = harness_timeout(rows)
     rows = rows.with_row_index("order").with_columns(
         _stage_index(rows, stages).alias("stage_idx"), served.alias("simulated"),
         pl.col("prompt_eval").fill_null(pl.col("prompt_tokens")).clip(lower_bound=0),
-        pl.when(gave_up).then(pl.max_horizontal("gen_tokens", room)).otherwise(pl.col("gen_tokens")).alias("target"),
+        _targets(rows, runaways).alias("target"),
         pl.when(gave_up).then(pl.col("latency_s")).otherwise(pl.lit(timeout, dtype=pl.Float64)).alias("deadline_s"),
         pl.col("latency_s").fill_null(pl.col("end_s") - pl.col("send_s")).fill_null(0.0).alias("fixed_s"))
     return _chains(rows).select(*JOB_COLUMNS, "prompt_ms", "gen_ms", "ord")
+
+
+def _runaways_if_needed(store: Store, run: str, rows: pl.DataFrame) -> pl.DataFrame | None:
+    """The runaways finding's requests of ``run``, read only when the client gave up on a request it served."""
+    if rows.filter(pl.col("outcome").is_in(GAVE_UP) & pl.col("gen_tokens").is_not_null()).height == 0:
+        return None
+    from forensics import findings
+
+    return findings.find_runaways(store, run)
 
 
 def main_instance(rows: pl.DataFrame, instance: str | None) -> str | None:
@@ -238,7 +269,7 @@ def read_workload(store: Store, run: str, *, instance: str | None = None,
     rows = _clock(requests_frame(store, [name]) if rows is None else rows.filter(pl.col("run") == name))
     slots = run_slots(store, [name]) if slots is None else slots
     inst = main_instance(rows, instance)
-    jobs = jobs_of(rows, inst, _stages(store, name))
+    jobs = jobs_of(rows, inst, _stages(store, name), _runaways_if_needed(store, name, rows))
     np_ = _np_of(slots, name, inst) or 1
     conc = slots.filter(pl.col("run") == name)["concurrency"].drop_nulls()
     in_flight = _in_flight_at_send(jobs["send_s"].to_numpy().astype(float), jobs["end_s"].to_numpy().astype(float))
