@@ -141,7 +141,11 @@ def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Pl
             exc.message += " (left out as broken: " + ", ".join(left_out) + ")"
         raise
     m = metrics.throughput(store, wanted)
-    sweeps = {r: metrics.comparable_runs(store, [r]).runs for r in pool}
+    sweeps: dict[str, list[str]] = {}
+    for r in pool:  # one lookup per sweep, not per run
+        if r not in sweeps:
+            group = metrics.comparable_runs(store, [r]).runs
+            sweeps.update({g: group for g in group if g in pool or g == r})
     p = Planner(store, pool, basis, left_out, loads, measured_figures(m), model, _empty_folds(), sweeps)
     p.folds = leave_one_out(p)
     if p.folds.height == 0:

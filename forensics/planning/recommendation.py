@@ -244,14 +244,14 @@ def _words(rec: Recommendation, p: Planner, sweep: list[str]) -> tuple[str, list
                      + (f" ±{_pct(r, BUDGETS[n][0])} %" if r["basis"] == "predicted" else "")
                      + f" against {fmt_s(lim)}" for n, lim in rec.budgets.items())
     shaky = [BUDGETS[n][1] for n in rec.budgets if r[f"{n}_verdict"] == "likely pass"]
-    sure = ("measured" if r["basis"] == "measured" else
-            "every budget holds even at its band's edge" if not shaky else
-            f"{' and '.join(shaky)} {'holds' if len(shaky) == 1 else 'hold'} only inside the band")
+    sure = ("" if r["basis"] == "measured" else
+            "; every budget holds even at its band's edge" if not shaky else
+            f"; {' and '.join(shaky)} {'holds' if len(shaky) == 1 else 'hold'} only inside the band")
     srcs = str(r["from_runs"]).split(", ")
     basis = (f"measured on {r['from_runs']}" if r["basis"] == "measured" else
              f"predicted from {srcs[0]}'s workload" if len(srcs) == 1 else
              f"predicted: the median of {', '.join(srcs[:-1])} and {srcs[-1]}'s workloads")
-    return (f"Recommended np {rec.np}{cap} ({basis}: {figs}; {sure}), from {rests}.", details)
+    return (f"Recommended np {rec.np}{cap} ({basis}: {figs}{sure}), from {rests}.", details)
 
 
 def _pct(row: dict[str, Any], fig: str) -> str:

@@ -5,8 +5,9 @@ send) the set of decoding slots is fixed, so every decoding request advances at 
 millisecond and the next completion is computed, not waited for.  A few events per request, none per token.
 
 Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue; prefills run one after another
-(``prefill_base_ms + prefill_ms_per_token × p + prefill_busy_ms × b``) and stall the decoding slots by
-``stall_ms_per_token × p``; then the request decodes its remaining tokens with the others.
+(``prefill_base_ms + prefill_ms_per_token × p + prefill_busy_ms × b``) and hold the decoding slots back by
+``stall_ms_per_token × p`` in all, spread over the prefill; then the request decodes its remaining tokens with the
+others.
 
 Harness (``Harness.policy``): ``chain`` (a worker sends its item's next request ``lag_s`` after the previous one
 ended, else takes the next item ``gap_s`` later), ``fifo`` (ready requests queue for any free worker) or
@@ -60,7 +61,7 @@ class _Server:
         self.prefilling, self.prefill_end = -1, INF
         self.dec: list[int] = []
         self.rem: list[float] = []
-        self.stall_until = 0.0
+        self.stall = 0.0  # the share of time the decoding slots stand still while the current prefill runs
         n = prompt.size
         self.assign, self.gen_start, self.end = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.decoded = np.zeros(n)  # tokens generated: all of them, or those before the client gave up
@@ -68,18 +69,20 @@ class _Server:
     def _step_s(self) -> float:
         return self.m.step(len(self.dec)) / 1000.0
 
+    def _rate(self) -> float:
+        """Decode steps per second of every decoding slot, now."""
+        return (1.0 - self.stall) / self._step_s()
+
     def advance(self, t: float) -> None:
-        if self.dec:
-            run = max(0.0, t - max(self.t, self.stall_until))
-            if run > 0:
-                done = run / self._step_s()
-                self.rem = [r - done for r in self.rem]
+        if self.dec and t > self.t:
+            done = (t - self.t) * self._rate()
+            self.rem = [r - done for r in self.rem]
         self.t = max(self.t, t)
 
     def next_time(self) -> float:
         t_dec = INF
-        if self.dec:
-            t_dec = max(self.t, self.stall_until) + max(min(self.rem), 0.0) * self._step_s()
+        if self.dec and self._rate() > 0:
+            t_dec = self.t + max(min(self.rem), 0.0) / self._rate()
         return min(t_dec, self.prefill_end)
 
     def arrive(self, job: int, t: float) -> None:
@@ -100,17 +103,17 @@ class _Server:
         job = self.prefill_q.popleft()
         p, b = float(self.prompt[job]), len(self.dec)
         self.prefilling = job
-        self.prefill_end = t + (self.m.prefill_base_ms + self.m.prefill_ms_per_token * p
-                                + self.m.prefill_busy_ms * b) / 1000.0
-        if self.dec and self.m.stall_ms_per_token > 0:
-            self.stall_until = max(self.stall_until, t) + self.m.stall_ms_per_token * p / 1000.0
+        dur_ms = self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b
+        self.prefill_end = t + dur_ms / 1000.0
+        # the decoding slots lose stall_ms_per_token x p over the prefill, spread evenly (as the fit measures it)
+        self.stall = min(self.m.stall_ms_per_token * p / dur_ms, 0.95) if dur_ms > 0 else 0.0
 
     def step_to(self, t: float) -> list[int]:
         """Advance to ``t`` (an event of this server's) and return the jobs that ended there."""
         self.advance(t)
         ended: list[int] = []
         if self.prefilling >= 0 and self.prefill_end <= t:
-            job, self.prefilling, self.prefill_end = self.prefilling, -1, INF
+            job, self.prefilling, self.prefill_end, self.stall = self.prefilling, -1, INF, 0.0
             self.gen_start[job] = t
             if self.steps[job] > 0:
                 self.dec.append(job)
@@ -146,7 +149,7 @@ class _Server:
             self.decoded[job] = self.steps[job] - max(self.rem[k], 0.0) + 1
             del self.dec[k], self.rem[k]
         elif job == self.prefilling:
-            self.prefilling, self.prefill_end = -1, INF
+            self.prefilling, self.prefill_end, self.stall = -1, INF, 0.0
             if self.prefill_q:
                 self._start_prefill(t)
         elif job in self.prefill_q:

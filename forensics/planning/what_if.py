@@ -4,7 +4,8 @@ The run's requests (``workload``) go through the cost model fitted on the store'
 (``predict.planner``); each figure carries the band leave-one-run-out measured for predictions of its kind.  With
 a cap, the outputs it cuts are named by the cap finding's own rule (``findings.cut_by_cap``: normal responses at
 or above it, runaways past it), and the time saved is the run's duration times the relative saving the model
-predicts between the run with and without the cap (the model's own bias on this run cancels out).
+predicts between the run with and without the cap (the model's own bias on this run cancels out); its band is the
+run time's band in seconds.
 """
 
 from __future__ import annotations
@@ -82,10 +83,16 @@ def band_row(p: Planner, figure: str, value: float, np_: int, measured: tuple[fl
             "measured": measured[0], "measured_run": measured[1]}
 
 
+def _tokens(p: Planner, run: str) -> float:
+    return float(p.workloads[run].jobs["target"].fill_null(0).sum())
+
+
 def measured_at(p: Planner, run: str, np_: int, figure: str) -> tuple[float | None, str | None]:
-    """The figure measured on ``run`` itself when it ran at ``np_``, else on a run of its sweep that did."""
+    """The figure measured on ``run`` itself when it ran at ``np_``, else on the run of its sweep that did whose
+    workload is closest to its own (in tokens asked for)."""
     cands = [run] if p.workloads[run].np == np_ else []
-    cands += [r for r in p.sweeps.get(run, []) if r != run and p.workloads.get(r) and p.workloads[r].np == np_]
+    others = [r for r in p.sweeps.get(run, []) if r != run and p.workloads.get(r) and p.workloads[r].np == np_]
+    cands += sorted(others, key=lambda r: (abs(_tokens(p, r) - _tokens(p, run)), r))
     for r in cands:
         v = p.measured.get(r, {}).get(figure)
         if v is not None:
@@ -119,7 +126,11 @@ def _saved(p: Planner, run: str, np_: int, with_cap: dict[str, float], without: 
     times the relative saving the model predicts."""
     rel_saving = 1 - with_cap["run_s"] / without["run_s"] if without["run_s"] > 0 else 0.0
     base = measured if measured is not None else without["run_s"]
-    row = band_row(p, "run_s", base * rel_saving, np_, (None, None))
+    saved = base * rel_saving
+    row = band_row(p, "run_s", saved, np_, (None, None))
+    if row["band_pct"] is not None:  # the run time's error, in seconds, is the saving's: a difference of two runs
+        half = row["band_pct"] / 100 * base
+        row.update(low=saved - half, high=saved + half, band_pct=half / saved * 100 if saved > 0 else None)
     row["figure"] = _label("time_saved_s")
     return row
 

@@ -12,6 +12,7 @@ Library only: polars and DuckDB, no click, no altair.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,15 +80,16 @@ def requests_frame(store: Store, runs: list[str]) -> pl.DataFrame:
 
 
 def run_slots(store: Store, runs: list[str]) -> pl.DataFrame:
-    """(run, instance, n_slots, model, port) of the runs' instances, and each run's harness concurrency."""
+    """(run, instance, n_slots, model, port) of the runs' instances, and each run's harness concurrency, duration,
+    model and stages (its manifest's)."""
     con = store.connect(tables=["instances", "runs"])
     try:
         return fetch_pl(con, "SELECT i.run, i.instance, i.n_slots, i.model, i.port, r.concurrency, "
-                             "epoch(r.ended_at) - epoch(r.started_at) AS run_s, r.model AS run_model "
+                             "epoch(r.ended_at) - epoch(r.started_at) AS run_s, r.model AS run_model, r.stages "
                              "FROM instances i FULL JOIN (SELECT run, any_value(concurrency) AS concurrency, "
                              "any_value(started_at) AS started_at, any_value(ended_at) AS ended_at, "
-                             "any_value(model) AS model FROM runs GROUP BY run) r USING (run) "
-                             "WHERE list_contains($runs, run) ORDER BY run, instance", {"runs": runs})
+                             "any_value(model) AS model, any_value(stages) AS stages FROM runs GROUP BY run) r "
+                             "USING (run) WHERE list_contains($runs, run) ORDER BY run, instance", {"runs": runs})
     finally:
         con.close()
 
@@ -269,7 +271,8 @@ def read_workload(store: Store, run: str, *, instance: str | None = None,
     rows = _clock(requests_frame(store, [name]) if rows is None else rows.filter(pl.col("run") == name))
     slots = run_slots(store, [name]) if slots is None else slots
     inst = main_instance(rows, instance)
-    jobs = jobs_of(rows, inst, _stages(store, name), _runaways_if_needed(store, name, rows))
+    stages = slots.filter(pl.col("run") == name)["stages"].drop_nulls()
+    jobs = jobs_of(rows, inst, _stages(stages[0] if stages.len() else None), _runaways_if_needed(store, name, rows))
     np_ = _np_of(slots, name, inst) or 1
     conc = slots.filter(pl.col("run") == name)["concurrency"].drop_nulls()
     in_flight = _in_flight_at_send(jobs["send_s"].to_numpy().astype(float), jobs["end_s"].to_numpy().astype(float))
@@ -287,16 +290,10 @@ def _wall(jobs: pl.DataFrame) -> float | None:
     return float(jobs["end_s"].max()) - float(jobs["send_s"].min())  # type: ignore[arg-type]
 
 
-def _stages(store: Store, run: str) -> list[str] | None:
-    import json
-
-    con = store.connect(tables=["runs"])
+def _stages(text: str | None) -> list[str] | None:
+    """The stage names of a manifest's JSON array, in order."""
     try:
-        row = con.execute("SELECT any_value(stages) FROM runs WHERE run = ?", [run]).fetchone()
-    finally:
-        con.close()
-    try:
-        value: Any = json.loads(row[0]) if row and row[0] else None
+        value: Any = json.loads(text) if text else None
     except ValueError:
         return None
     return [str(s) for s in value] if isinstance(value, list) else None
