@@ -149,9 +149,11 @@ def test_the_fit_recovers_the_costs_a_replay_ran_on(sweep: Store) -> None:
 
 
 def test_the_fit_on_a_generated_sweep_finds_the_generators_costs(sweep: Store) -> None:
-    """The generator decodes at 20 ms + 7 ms per extra slot and prefills at 0.25 ms a token."""
+    """The generator decodes at 20 ms + 7 ms per extra slot and prefills at 0.25 ms a token.  Its slots hold about
+    1300 tokens each (a prompt of 900-1400 and half an output): the fitted step time there is the generator's."""
     m = predict.planner(sweep, ["sweep-np2"]).model
-    assert m.step_ms == pytest.approx(20.0, rel=0.05) and m.marginal_ms == pytest.approx(7.0, rel=0.05)
+    for b in (1, 2, 4, 8):
+        assert m.step(b, 1300 * b) == pytest.approx(20.0 + 7.0 * (b - 1), rel=0.05)
     assert m.prefill_ms_per_token == pytest.approx(0.25, rel=0.05)
     assert m.nps == (1, 2, 4, 8)
 

@@ -4,7 +4,9 @@ costs when ``b`` slots decode at once.
 llama-server runs one batch per step: every decoding slot adds one token, and a slot that is prefilling adds its
 prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch costs about the same, so
 
-* one decode step with ``b`` slots decoding: ``step(b) = step_ms + marginal_ms × (b − 1)``;
+* one decode step with ``b`` slots decoding, holding ``C`` tokens of context between them:
+  ``step(b, C) = step_ms + marginal_ms × (b − 1) + context_ms_per_token × C`` (attention reads every slot's
+  context: a runaway that fills its slot slows every step down);
 * prefilling a prompt of ``p`` tokens (cache excluded): ``prefill_base_ms + prefill_ms_per_token × p +
   prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same batches);
 * while another slot prefills, a decoding slot waits ``stall_ms_per_token`` per prompt token of that prefill.
@@ -12,9 +14,11 @@ prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch
 The fit reads each request's llama.cpp timings (prompt_ms, gen_ms) and places them on the run's clock: its
 generation ends when the request ended and lasted gen_ms, its prefill lasted prompt_ms before that.  The
 busy-slot timeline is the count of requests generating at each moment; a request's generation time per step is
-regressed on the (token-weighted) mean number of slots decoding with it and on the prompt tokens others
+regressed on the (token-weighted) mean number of slots decoding with it, on the mean context they held (each
+slot's prompt plus what it had generated, growing linearly over its generation) and on the prompt tokens others
 prefilled meanwhile; its prefill time on its prompt tokens and the slots decoding meanwhile.  Non-negative
-weighted least squares, one robust pass (residuals beyond 4 MADs are dropped once).  Vectorised: numpy step
+weighted least squares, one robust pass (residuals beyond 4 MADs are dropped once).  The context term is kept only
+when it predicts left-out runs better (``uses_context``).  Vectorised: numpy step
 functions, no loop per request.
 """
 
@@ -50,13 +54,16 @@ class CostModel:
     requests: int
     decode_r2: float | None = None
     prefill_r2: float | None = None
+    context_ms_per_token: float = 0.0
 
-    def step(self, busy: int | float) -> float:
-        """Milliseconds of one decode step with ``busy`` slots decoding."""
-        return self.step_ms + self.marginal_ms * max(float(busy) - 1.0, 0.0)
+    def step(self, busy: int | float, context: float = 0.0) -> float:
+        """Milliseconds of one decode step with ``busy`` slots decoding and ``context`` tokens held between them."""
+        return self.step_ms + self.marginal_ms * max(float(busy) - 1.0, 0.0) + self.context_ms_per_token * context
 
     def describe(self) -> str:
-        return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding; "
+        ctx = (f" + {self.context_ms_per_token * 1000:.2f} ms per 1000 tokens of context"
+               if self.context_ms_per_token > 0 else "")
+        return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding{ctx}; "
                 f"prefill {self.prefill_ms_per_token * 1000:.0f} µs per prompt token"
                 + (f" (+{self.stall_ms_per_token * 1000:.0f} µs stall per token for the slots decoding)"
                    if self.stall_ms_per_token > 0 else "")
@@ -132,6 +139,7 @@ class _Rows:
     gen_ms: np.ndarray
     gen_busy: np.ndarray  # token-weighted mean slots decoding during its generation (itself included)
     gen_prompt: np.ndarray  # prompt tokens others prefilled during its generation
+    gen_context: np.ndarray  # mean context tokens the decoding slots held during its generation
     prompt: np.ndarray
     prompt_ms: np.ndarray
     prompt_busy: np.ndarray  # mean slots decoding during its prefill
@@ -149,22 +157,43 @@ def _phases(j: pl.DataFrame) -> dict[str, np.ndarray]:
     pr_s = np.clip(j["prompt_ms"].to_numpy().astype(float), 0, None) / 1000.0
     return {"g0": end - gen_s, "g1": end, "p0": end - gen_s - pr_s, "p1": end - gen_s,
             "p": j["prompt_eval"].fill_null(0).to_numpy().astype(float),
+            "ctx": j["prompt_tokens"].fill_null(0).to_numpy().astype(float),
             "n": j["gen_tokens"].fill_null(0).to_numpy().astype(float),
             "gen_ms": gen_s * 1000.0, "prompt_ms": pr_s * 1000.0}
 
 
-def _untimed(w: Workload) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the requests that held a slot generating but have no timings (the client gave up on them:
-    a runaway until its timeout): they count in the busy timeline, from send to end."""
+def _untimed(w: Workload) -> dict[str, np.ndarray]:
+    """The requests that held a slot generating but have no timings (the client gave up on them: a runaway until
+    its timeout): they count in the busy timeline from send to end, with their prompt and tokens."""
     j = w.jobs.filter(pl.col("simulated") & pl.col("gen_ms").is_null() & pl.col("send_s").is_not_null()
                       & pl.col("end_s").is_not_null() & (pl.col("gen_tokens") > 1))
-    return j["send_s"].to_numpy().astype(float), j["end_s"].to_numpy().astype(float)
+    return {"g0": j["send_s"].to_numpy().astype(float), "g1": j["end_s"].to_numpy().astype(float),
+            "ctx": j["prompt_tokens"].fill_null(0).to_numpy().astype(float),
+            "n": j["gen_tokens"].to_numpy().astype(float)}
+
+
+CHUNK = 512  # rows of the pairwise context integral at a time (512 x N doubles)
+
+
+def context_integral(g0: np.ndarray, g1: np.ndarray, ctx0: np.ndarray, n: np.ndarray, qa: np.ndarray,
+                     qb: np.ndarray) -> np.ndarray:
+    """∫ from qa to qb of C(t) dt for each query, where C(t) is the context the decoding requests hold: request j
+    holds ctx0 + n x (t - g0) / (g1 - g0) tokens from g0 to g1 (its prompt, then one more token per step)."""
+    out = np.zeros(qa.shape)
+    slope = np.where(g1 > g0, n / np.where(g1 > g0, g1 - g0, 1.0), 0.0)
+    for k in range(0, qa.size, CHUNK):
+        a = np.maximum(qa[k:k + CHUNK, None], g0[None, :])
+        b = np.minimum(qb[k:k + CHUNK, None], g1[None, :])
+        ok = b > a
+        lin = ((b - g0) ** 2 - (a - g0) ** 2) / 2.0
+        out[k:k + CHUNK] = np.where(ok, ctx0 * (b - a) + slope * lin, 0.0).sum(axis=1)
+    return out
 
 
 def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
     ph = _phases(timed_jobs(w))
-    u0, u1 = _untimed(w)
-    b0, b1 = np.concatenate([ph["g0"], u0]), np.concatenate([ph["g1"], u1])  # the busy timeline's intervals
+    un = _untimed(w)
+    b0, b1 = np.concatenate([ph["g0"], un["g0"]]), np.concatenate([ph["g1"], un["g1"]])  # the busy timeline
     ones = np.ones(b0.shape)
     g_dur = ph["g1"] - ph["g0"]
     tokens = step_integral(b0, b1, ones, ph["g0"], ph["g1"], lambda b: 1.0 / step(b))
@@ -176,8 +205,11 @@ def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
         prompt_busy = np.where(p_dur > 0, step_integral(b0, b1, ones, ph["p0"], ph["p1"]) / p_dur, 0.0)
     gen_prompt = step_integral(ph["p0"], ph["p1"], flux, ph["g0"], ph["g1"])
     gen_busy = np.where(g_dur > 0, gen_busy, 1.0)
-    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prompt, ph["p"], ph["prompt_ms"],
-                 prompt_busy)
+    ctx = context_integral(b0, b1, np.concatenate([ph["ctx"], un["ctx"]]), np.concatenate([ph["n"], un["n"]]),
+                           ph["g0"], ph["g1"])
+    gen_context = np.where(g_dur > 0, ctx / np.where(g_dur > 0, g_dur, 1.0), ph["ctx"])
+    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prompt, gen_context, ph["p"],
+                 ph["prompt_ms"], prompt_busy)
 
 
 def _concat(rows: Sequence[_Rows]) -> _Rows:
@@ -199,21 +231,61 @@ def check_data(workloads: Sequence[Workload]) -> None:
                                  f"and np {nps[0] * 2})")
 
 
+def _decode_xy(r: _Rows, context: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The decode regression's design, target and weights over the requests that generated two or more tokens:
+    per step, its time against 1, the extra slots decoding, others' prompt tokens per step (and the context)."""
+    ok = (r.steps > 0) & (r.gen_ms > 0)
+    cols = [np.ones(ok.sum()), r.gen_busy[ok] - 1.0, r.gen_prompt[ok] / r.steps[ok]]
+    if context:
+        cols.append(r.gen_context[ok])
+    steps = r.steps[ok]
+    # a request's weight is its steps (its per-step time is that much surer), but no more than four typical
+    # requests': one long runaway must not outweigh a run
+    weight = np.minimum(steps, 4.0 * float(np.median(steps))) if steps.size else steps
+    return np.column_stack(cols), r.gen_ms[ok] / steps, weight
+
+
+def _held_out_sse(per_run: list[_Rows], context: bool) -> float:
+    """Σ over runs of the weighted squared error on that run of the decode fit on the others."""
+    total = 0.0
+    for i, held in enumerate(per_run):
+        x, y, w = _decode_xy(_concat([r for j, r in enumerate(per_run) if j != i]), context)
+        hx, hy, hw = _decode_xy(held, context)
+        if len(y) < x.shape[1] + 2 or len(hy) == 0:
+            continue
+        coef, _ = robust_nnls(x, y, w)
+        total += float(np.sum(hw * (hy - hx @ coef) ** 2))
+    return total
+
+
+CONTEXT_GAIN = 0.02  # the context term stays when it predicts held-out runs' steps at least this much better
+
+
+def uses_context(per_run: list[_Rows]) -> bool:
+    """Whether the context term earns its place: leave each run out, fit the decode step with and without it on the
+    others, and keep it only when it predicts the left-out runs' steps better (a spurious term fits noise)."""
+    if len(per_run) < 3:
+        return False
+    with_ctx, without = _held_out_sse(per_run, True), _held_out_sse(per_run, False)
+    return with_ctx < without * (1 - CONTEXT_GAIN)
+
+
 def fit(workloads: Sequence[Workload]) -> CostModel:
     """The cost model fitted on ``workloads`` (``check_data`` first: two or more np with timings)."""
     check_data(workloads)
     used = [w for w in workloads if timed_jobs(w).height >= 3]
-    alpha, beta = 1.0, 0.0
-    for _ in range(2):  # the token weighting of the busy count depends on the step cost: fit it twice
+    alpha, beta, context = 1.0, 0.0, False
+    for rounds in range(2):  # the token weighting of the busy count depends on the step cost: fit it twice
         def step(b: np.ndarray, a: float = alpha, m: float = beta) -> np.ndarray:
             return a + m * np.clip(b - 1.0, 0.0, None)
-        rows = _concat([_rows(w, step) for w in used])
-        ok = (rows.steps > 0) & (rows.gen_ms > 0)
-        if ok.sum() < 3:
+        per_run = [_rows(w, step) for w in used]
+        rows = _concat(per_run)
+        if int(((rows.steps > 0) & (rows.gen_ms > 0)).sum()) < 3:
             raise NotEnoughData("fewer than three requests generated more than one token",
                                 hint="record runs whose requests generate some output")
-        x = np.column_stack([np.ones(ok.sum()), rows.gen_busy[ok] - 1.0, rows.gen_prompt[ok] / rows.steps[ok]])
-        coef, dec_r2 = robust_nnls(x, rows.gen_ms[ok] / rows.steps[ok], rows.steps[ok])
+        context = uses_context(per_run) if rounds == 1 else False
+        x, y, wt = _decode_xy(rows, context)
+        coef, dec_r2 = robust_nnls(x, y, wt)
         alpha, beta = max(float(coef[0]), 1e-3), float(coef[1])
     pk = (rows.prompt > 0) & (rows.prompt_ms > 0)
     pre = np.zeros(3)
@@ -222,4 +294,5 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
         xp = np.column_stack([np.ones(pk.sum()), rows.prompt[pk], rows.prompt_busy[pk]])
         pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
     return CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
-                     tuple(w.run for w in used), tuple(sorted({w.np for w in used})), int(ok.sum()), dec_r2, pre_r2)
+                     tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,
+                     float(coef[3]) if context else 0.0)

@@ -1,8 +1,9 @@
 """Replay a workload through the cost model: a discrete-event simulation of the harness and one llama-server.
 
 Event-driven, not stepped: between two events (a send, a prefill's end, a request's last token, a worker's next
-send) the set of decoding slots is fixed, so every decoding request advances at ``1 / step(b)`` tokens per
-millisecond and the next completion is computed, not waited for.  A few events per request, none per token.
+send) the set of decoding slots is fixed, every step costs ``step(b, C)`` and adds ``b`` tokens to the context
+``C``, so the steps done in a stretch of time and the time to the next completion are solved in closed form (a
+quadratic), not waited for.  A few events per request, none per token.
 
 Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue; prefills run one after another
 (``prefill_base_ms + prefill_ms_per_token × p + prefill_busy_ms × b``) and hold the decoding slots back by
@@ -53,36 +54,43 @@ class Simulated:
 class _Server:
     """One llama-server: slots, a slot queue, serial prefills, decoding slots advancing together."""
 
-    def __init__(self, model: CostModel, slots: int, prompt: np.ndarray, steps: np.ndarray) -> None:
-        self.m, self.free, self.prompt, self.steps = model, slots, prompt, steps
+    def __init__(self, model: CostModel, slots: int, prompt: np.ndarray, steps: np.ndarray,
+                 context: np.ndarray) -> None:
+        self.m, self.free, self.prompt, self.steps, self.context = model, slots, prompt, steps, context
         self.t = 0.0
         self.waiting: deque[int] = deque()
         self.prefill_q: deque[int] = deque()
         self.prefilling, self.prefill_end = -1, INF
         self.dec: list[int] = []
         self.rem: list[float] = []
+        self.ctx: list[float] = []  # the context each decoding slot holds (its prompt, then one token per step)
         self.stall = 0.0  # the share of time the decoding slots stand still while the current prefill runs
         n = prompt.size
         self.assign, self.gen_start, self.end = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.decoded = np.zeros(n)  # tokens generated: all of them, or those before the client gave up
 
-    def _step_s(self) -> float:
-        return self.m.step(len(self.dec)) / 1000.0
-
-    def _rate(self) -> float:
-        """Decode steps per second of every decoding slot, now."""
-        return (1.0 - self.stall) / self._step_s()
+    def _costs(self) -> tuple[float, float]:
+        """(the next step's milliseconds, how many milliseconds each step adds to the next): every step adds one
+        token to each decoding slot's context, so the step time grows by context_ms_per_token x b a step."""
+        b = len(self.dec)
+        return self.m.step(b, sum(self.ctx)), self.m.context_ms_per_token * b
 
     def advance(self, t: float) -> None:
         if self.dec and t > self.t:
-            done = (t - self.t) * self._rate()
+            s0, g = self._costs()
+            ms = (t - self.t) * 1000.0 * (1.0 - self.stall)
+            # steps n in ms milliseconds: s0 n + g n^2 / 2 = ms, in the form that stays exact as g -> 0
+            done = 2.0 * ms / (s0 + math.sqrt(s0 * s0 + 2.0 * g * ms))
             self.rem = [r - done for r in self.rem]
+            self.ctx = [c + done for c in self.ctx]
         self.t = max(self.t, t)
 
     def next_time(self) -> float:
         t_dec = INF
-        if self.dec and self._rate() > 0:
-            t_dec = self.t + max(min(self.rem), 0.0) / self._rate()
+        if self.dec:
+            s0, g = self._costs()
+            m = max(min(self.rem), 0.0)
+            t_dec = self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / (1.0 - self.stall)
         return min(t_dec, self.prefill_end)
 
     def arrive(self, job: int, t: float) -> None:
@@ -118,14 +126,15 @@ class _Server:
             if self.steps[job] > 0:
                 self.dec.append(job)
                 self.rem.append(float(self.steps[job]))
+                self.ctx.append(float(self.context[job]) + 1.0)
             else:
                 ended.append(job)
             if self.prefill_q:
                 self._start_prefill(t)
         if self.dec and min(self.rem) <= DONE_EPS:
-            keep = [(j, r) for j, r in zip(self.dec, self.rem, strict=True) if r > DONE_EPS]
+            keep = [(j, r, c) for j, r, c in zip(self.dec, self.rem, self.ctx, strict=True) if r > DONE_EPS]
             ended += [j for j, r in zip(self.dec, self.rem, strict=True) if r <= DONE_EPS]
-            self.dec, self.rem = [j for j, _ in keep], [r for _, r in keep]
+            self.dec, self.rem, self.ctx = [k[0] for k in keep], [k[1] for k in keep], [k[2] for k in keep]
         for job in ended:
             self.decoded[job] = self.steps[job] + 1
             self._release(job, t)
@@ -147,7 +156,7 @@ class _Server:
         if job in self.dec:
             k = self.dec.index(job)
             self.decoded[job] = self.steps[job] - max(self.rem[k], 0.0) + 1
-            del self.dec[k], self.rem[k]
+            del self.dec[k], self.rem[k], self.ctx[k]
         elif job == self.prefilling:
             self.prefilling, self.prefill_end, self.stall = -1, INF, 0.0
             if self.prefill_q:
@@ -236,7 +245,8 @@ def simulate(w: Workload, model: CostModel, *, slots: int, concurrency: int | No
         target = np.minimum(target, float(cap))
     sim_mask = jobs["simulated"].to_numpy()
     steps = np.where(sim_mask, np.clip(target - 1, 0, None), 0.0)
-    server = _Server(model, slots, jobs["prompt_eval"].fill_null(0).to_numpy().astype(float), steps)
+    server = _Server(model, slots, jobs["prompt_eval"].fill_null(0).to_numpy().astype(float), steps,
+                     jobs["prompt_tokens"].fill_null(0).to_numpy().astype(float))
     harness = _Harness(w.harness, jobs, conc)
     n = jobs.height
     send, client_end = np.full(n, np.nan), np.full(n, np.nan)
