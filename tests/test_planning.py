@@ -82,15 +82,15 @@ def test_one_slot_two_chained_requests_by_hand() -> None:
     assert sim.wall_s == pytest.approx(3.5)
 
 
-def test_two_slots_decode_together_at_the_marginal_cost() -> None:
-    """Prefills run one after the other: A 0-1 s, B 1-1.5 s.  A decodes alone (10 ms a step) from 1 s to 1.5 s: 50
-    steps; then both decode at 14 ms a step: 50 steps each, 0.7 s, both end at 2.2 s."""
+def test_prompts_waiting_together_are_prefilled_in_one_batch_then_decode_at_the_marginal_cost() -> None:
+    """A (1000 prompt tokens) and B (500) arrive together: one prefill of 1500 tokens, 1.5 s.  Then both decode at
+    14 ms a step: B's 50 steps end at 2.2 s; A's last 50 steps run alone at 10 ms: A ends at 2.7 s."""
     jobs = _jobs([{"item": "A", "prompt_eval": 1000, "gen_tokens": 101},
                   {"item": "B", "prompt_eval": 500, "gen_tokens": 51}])
     sim = simulate.simulate(_workload(jobs, concurrency=2), MODEL, slots=2)
-    assert sim.gen_start.tolist() == pytest.approx([1.0, 1.5])
-    assert sim.server_end.tolist() == pytest.approx([2.2, 2.2])
-    assert sim.busy.rows() == [(0.0, 2), (pytest.approx(2.2), 0)]  # both slots are held from the send on
+    assert sim.gen_start.tolist() == pytest.approx([1.5, 1.5])
+    assert sim.server_end.tolist() == pytest.approx([2.7, 2.2])
+    assert sim.busy.rows() == [(0.0, 2), (pytest.approx(2.2), 1), (pytest.approx(2.7), 0)]
 
 
 def test_a_request_waits_for_a_free_slot_and_the_client_gives_up_at_its_timeout() -> None:
@@ -106,16 +106,15 @@ def test_a_request_waits_for_a_free_slot_and_the_client_gives_up_at_its_timeout(
 
 
 def test_a_barrier_holds_the_next_stage_until_the_stage_before_has_ended_for_every_item() -> None:
-    """Two workers, two items, two stages.  A/1 takes 0.5 s, B/1 takes 1.5 s of prefill: with a barrier, A/2 waits
-    for B/1 (1.5 s); in a chain it is sent as soon as A/1 ends (0.5 s)."""
-    rows = [{"item": "A", "prompt_eval": 500, "gen_tokens": 1}, {"item": "B", "prompt_eval": 1000, "gen_tokens": 1},
+    """Two workers, two items, two stages.  A/1 and B/1 are prefilled together (1.5 s); A/1 ends there, B/1 decodes
+    100 steps more (1 s).  With a barrier A/2 waits for B/1 (2.5 s); in a chain it is sent as A/1 ends (1.5 s)."""
+    rows = [{"item": "A", "prompt_eval": 500, "gen_tokens": 1}, {"item": "B", "prompt_eval": 1000, "gen_tokens": 101},
             {"item": "A", "stage_idx": 1, "prompt_eval": 0, "gen_tokens": 1, "prev": 0, "lag_s": 0.0},
             {"item": "B", "stage_idx": 1, "prompt_eval": 0, "gen_tokens": 1, "prev": 1, "lag_s": 0.0}]
-    two = dict(concurrency=2)
-    chain = simulate.simulate(_workload(_jobs(rows), **two), MODEL, slots=2)
-    barrier = simulate.simulate(_workload(_jobs(rows), policy="barrier", **two), MODEL, slots=2)
-    assert chain.send.tolist() == pytest.approx([0.0, 0.0, 0.5, 1.5])
-    assert barrier.send.tolist() == pytest.approx([0.0, 0.0, 1.5, 1.5])
+    chain = simulate.simulate(_workload(_jobs(rows), concurrency=2), MODEL, slots=2)
+    barrier = simulate.simulate(_workload(_jobs(rows), policy="barrier", concurrency=2), MODEL, slots=2)
+    assert chain.send.tolist() == pytest.approx([0.0, 0.0, 1.5, 2.5])
+    assert barrier.send.tolist() == pytest.approx([0.0, 0.0, 2.5, 2.5])
 
 
 def test_the_harness_policy_is_read_from_its_records(sweep: Store) -> None:

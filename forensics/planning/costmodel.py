@@ -7,8 +7,9 @@ prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch
 * one decode step with ``b`` slots decoding, holding ``C`` tokens of context between them:
   ``step(b, C) = step_ms + marginal_ms × (b − 1) + context_ms_per_token × C`` (attention reads every slot's
   context: a runaway that fills its slot slows every step down);
-* prefilling a prompt of ``p`` tokens (cache excluded): ``prefill_base_ms + prefill_ms_per_token × p +
-  prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same batches);
+* prefilling a batch of prompts of ``p`` tokens in all (cache excluded): ``prefill_base_ms +
+  prefill_ms_per_token × p + prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same
+  batch);
 * while another slot prefills, a decoding slot waits ``stall_ms_per_token`` per prompt token of that prefill.
 
 The fit reads each request's llama.cpp timings (prompt_ms, gen_ms) and places them on the run's clock: its
@@ -16,7 +17,8 @@ generation ends when the request ended and lasted gen_ms, its prefill lasted pro
 busy-slot timeline is the count of requests generating at each moment; a request's generation time per step is
 regressed on the (token-weighted) mean number of slots decoding with it, on the mean context they held (each
 slot's prompt plus what it had generated, growing linearly over its generation) and on the prompt tokens others
-prefilled meanwhile; its prefill time on its prompt tokens and the slots decoding meanwhile.  Non-negative
+prefilled meanwhile; its prefill time on the prompt tokens of its batch (the prompts that ended their prefill with
+it after the same time: llama-server prefills waiting prompts together) and the slots decoding meanwhile.  Non-negative
 weighted least squares, one robust pass (residuals beyond 4 MADs are dropped once).  The context term is kept only
 when it predicts left-out runs better (``uses_context``).  Vectorised: numpy step
 functions, no loop per request.
@@ -143,6 +145,7 @@ class _Rows:
     prompt: np.ndarray
     prompt_ms: np.ndarray
     prompt_busy: np.ndarray  # mean slots decoding during its prefill
+    prompt_batch: np.ndarray  # prompt tokens of its prefill batch (its own and those prefilled with it)
 
 
 def timed_jobs(w: Workload) -> pl.DataFrame:
@@ -170,6 +173,22 @@ def _untimed(w: Workload) -> dict[str, np.ndarray]:
     return {"g0": j["send_s"].to_numpy().astype(float), "g1": j["end_s"].to_numpy().astype(float),
             "ctx": j["prompt_tokens"].fill_null(0).to_numpy().astype(float),
             "n": j["gen_tokens"].to_numpy().astype(float)}
+
+
+BATCH_TOLERANCE_S = 0.010  # prefills that ended together (and lasted as long) to within this were one batch
+
+
+def batch_tokens(p1: np.ndarray, prompt_ms: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """For each prefill, the prompt tokens of its batch: llama-server prefills the prompts waiting together, and
+    each one's prompt_ms is the whole batch's time, so batch mates end together after the same time."""
+    if p1.size == 0:
+        return p1
+    order = np.argsort(p1, kind="stable")
+    gap = np.diff(p1[order]) > BATCH_TOLERANCE_S
+    gap |= np.abs(np.diff(prompt_ms[order])) > BATCH_TOLERANCE_S * 1000.0
+    group = np.empty(p1.size, dtype=np.int64)
+    group[order] = np.concatenate([[0], np.cumsum(gap)])
+    return np.bincount(group, weights=p)[group]
 
 
 CHUNK = 512  # rows of the pairwise context integral at a time (512 x N doubles)
@@ -209,7 +228,7 @@ def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
                            ph["g0"], ph["g1"])
     gen_context = np.where(g_dur > 0, ctx / np.where(g_dur > 0, g_dur, 1.0), ph["ctx"])
     return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prompt, gen_context, ph["p"],
-                 ph["prompt_ms"], prompt_busy)
+                 ph["prompt_ms"], prompt_busy, batch_tokens(ph["p1"], ph["prompt_ms"], ph["p"]))
 
 
 def _concat(rows: Sequence[_Rows]) -> _Rows:
@@ -291,7 +310,7 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
     pre = np.zeros(3)
     pre_r2 = None
     if pk.sum() >= 3:
-        xp = np.column_stack([np.ones(pk.sum()), rows.prompt[pk], rows.prompt_busy[pk]])
+        xp = np.column_stack([np.ones(pk.sum()), rows.prompt_batch[pk], rows.prompt_busy[pk]])
         pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
     return CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
                      tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,

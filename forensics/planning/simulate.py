@@ -5,10 +5,11 @@ send) the set of decoding slots is fixed, every step costs ``step(b, C)`` and ad
 ``C``, so the steps done in a stretch of time and the time to the next completion are solved in closed form (a
 quadratic), not waited for.  A few events per request, none per token.
 
-Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue; prefills run one after another
-(``prefill_base_ms + prefill_ms_per_token × p + prefill_busy_ms × b``) and hold the decoding slots back by
-``stall_ms_per_token × p`` in all, spread over the prefill; then the request decodes its remaining tokens with the
-others.
+Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue.  Prompts are prefilled in batches,
+as llama-server batches them: every prompt waiting when a prefill begins, and those that take a slot within
+``BATCH_WINDOW_S`` of its start, go through together (``prefill_base_ms + prefill_ms_per_token × Σp +
+prefill_busy_ms × b``) and hold the decoding slots back by ``stall_ms_per_token × Σp`` in all, spread over the
+prefill; then each request decodes its remaining tokens with the others.
 
 Harness (``Harness.policy``): ``chain`` (a worker sends its item's next request ``lag_s`` after the previous one
 ended, else takes the next item ``gap_s`` later), ``fifo`` (ready requests queue for any free worker) or
@@ -31,6 +32,7 @@ from forensics.planning.workload import Harness, Workload
 
 INF = math.inf
 DONE_EPS = 1e-9  # a decoding request with this few steps left has finished
+BATCH_WINDOW_S = 0.025  # a request that takes a slot this soon after a prefill began is prefilled with it
 
 
 @dataclass
@@ -60,7 +62,8 @@ class _Server:
         self.t = 0.0
         self.waiting: deque[int] = deque()
         self.prefill_q: deque[int] = deque()
-        self.prefilling, self.prefill_end = -1, INF
+        self.batch: list[int] = []  # the prompts being prefilled together
+        self.batch_start, self.prefill_end = -INF, INF
         self.dec: list[int] = []
         self.rem: list[float] = []
         self.ctx: list[float] = []  # the context each decoding slot holds (its prompt, then one token per step)
@@ -103,16 +106,22 @@ class _Server:
     def _assign(self, job: int, t: float) -> None:
         self.free -= 1
         self.assign[job] = t
+        if self.batch and t - self.batch_start <= BATCH_WINDOW_S:  # it joins the prefill that just began
+            self.advance(t)
+            self.batch.append(job)
+            self.prefill_end += self.m.prefill_ms_per_token * float(self.prompt[job]) / 1000.0
+            return
         self.prefill_q.append(job)
-        if self.prefilling < 0:
+        if not self.batch:
             self._start_prefill(t)
 
     def _start_prefill(self, t: float) -> None:
-        job = self.prefill_q.popleft()
-        p, b = float(self.prompt[job]), len(self.dec)
-        self.prefilling = job
+        """Every prompt waiting for its prefill goes into one batch, as llama-server batches them."""
+        self.batch = list(self.prefill_q)
+        self.prefill_q.clear()
+        p, b = float(sum(self.prompt[j] for j in self.batch)), len(self.dec)
         dur_ms = self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b
-        self.prefill_end = t + dur_ms / 1000.0
+        self.batch_start, self.prefill_end = t, t + dur_ms / 1000.0
         # the decoding slots lose stall_ms_per_token x p over the prefill, spread evenly (as the fit measures it)
         self.stall = min(self.m.stall_ms_per_token * p / dur_ms, 0.95) if dur_ms > 0 else 0.0
 
@@ -120,15 +129,16 @@ class _Server:
         """Advance to ``t`` (an event of this server's) and return the jobs that ended there."""
         self.advance(t)
         ended: list[int] = []
-        if self.prefilling >= 0 and self.prefill_end <= t:
-            job, self.prefilling, self.prefill_end, self.stall = self.prefilling, -1, INF, 0.0
-            self.gen_start[job] = t
-            if self.steps[job] > 0:
-                self.dec.append(job)
-                self.rem.append(float(self.steps[job]))
-                self.ctx.append(float(self.context[job]) + 1.0)
-            else:
-                ended.append(job)
+        if self.batch and self.prefill_end <= t:
+            batch, self.batch, self.prefill_end, self.stall = self.batch, [], INF, 0.0
+            for job in batch:
+                self.gen_start[job] = t
+                if self.steps[job] > 0:
+                    self.dec.append(job)
+                    self.rem.append(float(self.steps[job]))
+                    self.ctx.append(float(self.context[job]) + 1.0)
+                else:
+                    ended.append(job)
             if self.prefill_q:
                 self._start_prefill(t)
         if self.dec and min(self.rem) <= DONE_EPS:
@@ -157,10 +167,12 @@ class _Server:
             k = self.dec.index(job)
             self.decoded[job] = self.steps[job] - max(self.rem[k], 0.0) + 1
             del self.dec[k], self.rem[k], self.ctx[k]
-        elif job == self.prefilling:
-            self.prefilling, self.prefill_end, self.stall = -1, INF, 0.0
-            if self.prefill_q:
-                self._start_prefill(t)
+        elif job in self.batch:  # the batch goes on for the others
+            self.batch.remove(job)
+            if not self.batch:
+                self.prefill_end, self.stall = INF, 0.0
+                if self.prefill_q:
+                    self._start_prefill(t)
         elif job in self.prefill_q:
             self.prefill_q.remove(job)
         self._release(job, t)
