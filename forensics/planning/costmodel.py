@@ -57,6 +57,11 @@ class CostModel:
     decode_r2: float | None = None
     prefill_r2: float | None = None
     context_ms_per_token: float = 0.0
+    # the measured / fitted ratios of the fit's requests (decode steps, prefills): the runs' own noise, which the
+    # replay draws from; and the stretch of time one decode ratio holds (a typical request's generation)
+    decode_noise: tuple[float, ...] = ()
+    prefill_noise: tuple[float, ...] = ()
+    noise_epoch_s: float = 1.0
 
     def step(self, busy: int | float, context: float = 0.0) -> float:
         """Milliseconds of one decode step with ``busy`` slots decoding and ``context`` tokens held between them."""
@@ -312,6 +317,25 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
     if pk.sum() >= 3:
         xp = np.column_stack([np.ones(pk.sum()), rows.prompt_batch[pk], rows.prompt_busy[pk]])
         pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
+    dec_noise, pre_noise, epoch = _noise(rows, x, y, coef, pre)
     return CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
                      tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,
-                     float(coef[3]) if context else 0.0)
+                     float(coef[3]) if context else 0.0, dec_noise, pre_noise, epoch)
+
+
+NOISE_CLIP = (0.25, 8.0)  # a ratio outside this is a broken measurement, not noise
+
+
+def _noise(rows: _Rows, x: np.ndarray, y: np.ndarray, coef: np.ndarray,
+           pre: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """The fit's requests' measured / fitted ratios (every request, the outliers too: a slow moment is real), and
+    the median generation time, over which one decode ratio was measured."""
+    fitted = x @ coef
+    dec = np.clip(y[fitted > 0] / fitted[fitted > 0], *NOISE_CLIP)
+    pk = (rows.prompt > 0) & (rows.prompt_ms > 0)
+    p_fit = pre[0] + pre[1] * rows.prompt_batch[pk] + pre[2] * rows.prompt_busy[pk]
+    ok = p_fit > 0
+    prefill = np.clip(rows.prompt_ms[pk][ok] / p_fit[ok], *NOISE_CLIP)
+    gen_s = rows.gen_ms[rows.gen_ms > 0] / 1000.0
+    epoch = float(np.clip(np.median(gen_s), 0.2, 30.0)) if gen_s.size else 1.0
+    return tuple(np.round(dec, 4).tolist()), tuple(np.round(prefill, 4).tolist()), epoch

@@ -28,6 +28,7 @@ from forensics.store import Store
 
 # The figures predicted for a run, named as in ``metrics.throughput`` (run_s: the run's duration as smoke reads it).
 FIGURES = ("run_s", "latency_p50_s", "latency_p95_s", "latency_max_s", "gen_tok_per_s")
+REPLAYS = 9  # noisy replays per prediction (seeds 0..8: the same answer every time)
 FIGURE_NAMES = {"run_s": "run time", "latency_p50_s": "latency p50", "latency_p95_s": "latency p95",
                 "latency_max_s": "latency max", "gen_tok_per_s": "throughput (generated tokens/s)"}
 
@@ -93,10 +94,15 @@ class Planner:
 
     def predict(self, run: str, np_: int, *, cap: int | None = None, concurrency: int | None = None,
                 model: CostModel | None = None) -> tuple[dict[str, float], simulate.Simulated]:
-        """The figures of ``run``'s workload replayed at ``np_`` slots (and ``cap``)."""
-        w = self.workloads[run]
-        sim = simulate.simulate(w, model or self.model, slots=np_, concurrency=concurrency, cap=cap)
-        return figures(sim, w), sim
+        """The figures of ``run``'s workload replayed at ``np_`` slots (and ``cap``): each the median of ``REPLAYS``
+        replays with the runs' own noise (a future run is one draw of it), and the replay without noise."""
+        w, m = self.workloads[run], model or self.model
+        plain = simulate.simulate(w, m, slots=np_, concurrency=concurrency, cap=cap)
+        if not m.decode_noise:
+            return figures(plain, w), plain
+        draws = [figures(simulate.simulate(w, m, slots=np_, concurrency=concurrency, cap=cap, seed=k), w)
+                 for k in range(REPLAYS)]
+        return {f: float(np.median([d[f] for d in draws])) for f in draws[0]}, plain
 
     def source_for(self, np_: int, among: list[str] | None = None, like: str | None = None) -> str:
         """The run whose workload predicts ``np_``: of ``among`` (default the pool), those of ``like``'s sweep when

@@ -53,12 +53,41 @@ class Simulated:
     busy: pl.DataFrame  # t_s, busy: slots in use after each change
 
 
+class Noise:
+    """The runs' own noise, replayed: the decode speed holds a ratio drawn from the fit's measured / fitted ratios for
+    one epoch (a typical request's generation time) and every slot feels it (they share a batch); each prefill draws
+    its own.  ``seed`` None: no noise (every ratio 1)."""
+
+    def __init__(self, model: CostModel, seed: int | None) -> None:
+        self.rng = np.random.default_rng(seed) if seed is not None and model.decode_noise else None
+        self.epoch = max(model.noise_epoch_s, 1e-3)
+        self.decode_pool = np.asarray(model.decode_noise or (1.0,))
+        self.prefill_pool = np.asarray(model.prefill_noise or (1.0,))
+        self.factors: list[float] = []
+
+    def decode(self, t: float) -> float:
+        if self.rng is None:
+            return 1.0
+        k = int(math.floor(t / self.epoch + 1e-9))  # a moment on a boundary belongs to the epoch it opens
+        while len(self.factors) <= k:
+            self.factors.append(float(self.rng.choice(self.decode_pool)))
+        return self.factors[k]
+
+    def boundary(self, t: float) -> float:
+        """The next moment the decode ratio may change."""
+        return INF if self.rng is None else (math.floor(t / self.epoch + 1e-9) + 1) * self.epoch
+
+    def prefill(self) -> float:
+        return 1.0 if self.rng is None else float(self.rng.choice(self.prefill_pool))
+
+
 class _Server:
-    """One llama-server: slots, a slot queue, serial prefills, decoding slots advancing together."""
+    """One llama-server: slots, a slot queue, batched prefills, decoding slots advancing together."""
 
     def __init__(self, model: CostModel, slots: int, prompt: np.ndarray, steps: np.ndarray,
-                 context: np.ndarray) -> None:
+                 context: np.ndarray, noise: Noise) -> None:
         self.m, self.free, self.prompt, self.steps, self.context = model, slots, prompt, steps, context
+        self.noise = noise
         self.t = 0.0
         self.waiting: deque[int] = deque()
         self.prefill_q: deque[int] = deque()
@@ -75,8 +104,8 @@ class _Server:
     def _costs(self) -> tuple[float, float]:
         """(the next step's milliseconds, how many milliseconds each step adds to the next): every step adds one
         token to each decoding slot's context, so the step time grows by context_ms_per_token x b a step."""
-        b = len(self.dec)
-        return self.m.step(b, sum(self.ctx)), self.m.context_ms_per_token * b
+        b, f = len(self.dec), self.noise.decode(self.t)
+        return self.m.step(b, sum(self.ctx)) * f, self.m.context_ms_per_token * b * f
 
     def advance(self, t: float) -> None:
         if self.dec and t > self.t:
@@ -93,7 +122,8 @@ class _Server:
         if self.dec:
             s0, g = self._costs()
             m = max(min(self.rem), 0.0)
-            t_dec = self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / (1.0 - self.stall)
+            t_dec = min(self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / (1.0 - self.stall),
+                        self.noise.boundary(self.t))
         return min(t_dec, self.prefill_end)
 
     def arrive(self, job: int, t: float) -> None:
@@ -120,7 +150,8 @@ class _Server:
         self.batch = list(self.prefill_q)
         self.prefill_q.clear()
         p, b = float(sum(self.prompt[j] for j in self.batch)), len(self.dec)
-        dur_ms = self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b
+        dur_ms = (self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b) \
+            * self.noise.prefill()
         self.batch_start, self.prefill_end = t, t + dur_ms / 1000.0
         # the decoding slots lose stall_ms_per_token x p over the prefill, spread evenly (as the fit measures it)
         self.stall = min(self.m.stall_ms_per_token * p / dur_ms, 0.95) if dur_ms > 0 else 0.0
@@ -247,9 +278,10 @@ class PushFn:
 
 
 def simulate(w: Workload, model: CostModel, *, slots: int, concurrency: int | None = None,
-             cap: int | None = None) -> Simulated:
+             cap: int | None = None, seed: int | None = None) -> Simulated:
     """Replay ``w`` on a server with ``slots`` slots and the harness at ``concurrency`` (default: the run's own,
-    or ``slots`` when the run's harness matched its np), each output cut at ``cap`` tokens when given."""
+    or ``slots`` when the run's harness matched its np), each output cut at ``cap`` tokens when given; with
+    ``seed``, with the runs' own noise (``Noise``)."""
     jobs = w.jobs
     conc = concurrency or (slots if w.harness.concurrency == w.np else w.harness.concurrency)
     target = jobs["target"].fill_null(0).to_numpy().astype(float)
@@ -258,7 +290,7 @@ def simulate(w: Workload, model: CostModel, *, slots: int, concurrency: int | No
     sim_mask = jobs["simulated"].to_numpy()
     steps = np.where(sim_mask, np.clip(target - 1, 0, None), 0.0)
     server = _Server(model, slots, jobs["prompt_eval"].fill_null(0).to_numpy().astype(float), steps,
-                     jobs["prompt_tokens"].fill_null(0).to_numpy().astype(float))
+                     jobs["prompt_tokens"].fill_null(0).to_numpy().astype(float), Noise(model, seed))
     harness = _Harness(w.harness, jobs, conc)
     n = jobs.height
     send, client_end = np.full(n, np.nan), np.full(n, np.nan)
