@@ -85,7 +85,8 @@ Examples:
 @click.option("--max-run", default=None, help='Budget for the whole run ("5m", "1h", "900s", seconds).')
 @click.option("--max-request", default=None, help='Budget for the longest request ("90s", "1500ms").')
 @click.option("--max-p95", default=None, help="Budget for the p95 request latency.")
-@click.option("--np-range", default="1-16", show_default=True, help='Candidate np: "1-16", "1,2,4,8", "2-8,16".')
+@click.option("--np-range", default=None,
+              help='Candidate np: "1-16", "1,2,4,8", "2-8,16" (default: 1, 2, 4, 8, 16 and every np measured).')
 @click.option("--cap", default="none", show_default=True,
               help="Output cap to predict with: auto (the cap finding's), none, or a number of tokens.")
 @click.option("--instance", default=None, help="The instance whose requests are replayed (default: the busiest).")
@@ -105,7 +106,8 @@ def recommend(ctx: click.Context, runs: tuple[str, ...], **opts: Any) -> None:
     budgets = planning.Budgets(*(metrics.parse_duration(v) if v else None
                                  for v in (a.max_run, a.max_request, a.max_p95)))
     rec = planning.recommend(cli_mod.open_store(a.store_path), list(runs), budgets,
-                             np_range=planning.parse_np_range(a.np_range), cap=a.cap, instance=a.instance)
+                             np_range=planning.parse_np_range(a.np_range) if a.np_range else None, cap=a.cap,
+                             instance=a.instance)
     render(rec.table, a.fmt, sys.stdout)
     for note in rec.notes:
         click.echo(f"note: {note}", err=True)
@@ -126,7 +128,7 @@ class RecommendArgs:
     max_run: str | None
     max_request: str | None
     max_p95: str | None
-    np_range: str
+    np_range: str | None
     cap: str
     instance: str | None
     out: Path | None

@@ -3,8 +3,8 @@
 For every candidate np (by default the powers of two up to 16 and every np the sweep measured): the measured
 figures when a healthy run of the sweep ran there (and the cap, if one is asked for, would not have changed it),
 else the prediction: the median of the sweep's runs' workloads each replayed at that np (``predict.Planner``), with
-a band of the model's leave-one-run-out error plus half the spread of those replays (how much the runs' own
-workloads differ).  Each budget is checked as ``smoke`` checks it (run time: the manifest's
+a band from the lower to the upper quartile of those replays (how much the runs' own workloads differ), widened by
+the model's leave-one-run-out error.  Each budget is checked as ``smoke`` checks it (run time: the manifest's
 duration else the wall time; request: the longest request; p95) and, for a prediction, against the band too:
 ``pass`` (even the band's upper edge holds), ``likely pass`` (the prediction holds, its band's edge does not),
 ``likely fail``, ``fail``.  The recommendation is the np with the highest throughput whose every budget passes or
@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from forensics import runs as runs_mod
@@ -102,35 +103,32 @@ def _measured_at(p: Planner, runs: list[str], np_: int, cap: int | None, cut: di
     return [r for r in runs if p.workloads[r].np == np_ and (cap is None or cut.get(r, 0) == 0)]
 
 
-def _predicted(p: Planner, np_: int, sources: list[str], cap: int | None) -> tuple[dict[str, float], dict[str, float]]:
-    """Each figure at ``np_``: the median over the sweep's workloads replayed there, and the relative half-spread of
-    those replays (how much the runs' own workloads differ: a band a prediction from another run must carry)."""
+def _predicted(p: Planner, np_: int, sources: list[str], cap: int | None) -> dict[str, tuple[float, float, float]]:
+    """Each figure at ``np_`` over the sweep's workloads replayed there: (median, lower quartile, upper quartile).
+    The quartiles say how much the runs' own workloads differ, a band a prediction from other runs must carry
+    (the quartiles, not the extremes: one run's runaway should not swamp the rest)."""
     preds = [p.predict(r, np_, cap=cap)[0] for r in sources]
-    mid, spread = {}, {}
-    for fig in predict.FIGURES:
-        vals = sorted(v[fig] for v in preds)
-        mid[fig] = float(vals[len(vals) // 2]) if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
-        spread[fig] = (vals[-1] - vals[0]) / 2 / mid[fig] if mid[fig] else 0.0
-    return mid, spread
+    return {fig: tuple(float(np.percentile([v[fig] for v in preds], q)) for q in (50, 25, 75))  # type: ignore[misc]
+            for fig in predict.FIGURES}
 
 
 def _row(p: Planner, np_: int, sources: list[str], measured: list[str], cap: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The candidate's figures (measured, else predicted with bands) and its points of the curve."""
-    pred, spread = _predicted(p, np_, sources, cap)
+    pred = _predicted(p, np_, sources, cap)
     row: dict[str, Any] = {"np": np_, "basis": "measured" if measured else "predicted",
                            "from_runs": ", ".join(measured or sources)}
     curve = []
     for fig in predict.FIGURES:
         rel, _ = p.band(fig, np_)
+        mid, q1, q3 = pred[fig]
         meas = [p.measured[r][fig] for r in measured if p.measured.get(r, {}).get(fig) is not None]
         m_val = sum(meas) / len(meas) if meas else None
-        rel = None if rel is None else rel + spread[fig]
-        lo, hi = (pred[fig] * (1 - rel), pred[fig] * (1 + rel)) if rel is not None else (None, None)
-        curve.append({"np": np_, "figure": fig, "predicted": pred[fig], "low": lo, "high": hi, "measured": m_val})
+        lo, hi = (max(q1 * (1 - rel), 0.0), q3 * (1 + rel)) if rel is not None else (None, None)
+        curve.append({"np": np_, "figure": fig, "predicted": mid, "low": lo, "high": hi, "measured": m_val})
         if measured:
             row[fig], row[f"{fig}_low"], row[f"{fig}_high"] = m_val, None, None
         else:
-            row[fig], row[f"{fig}_low"], row[f"{fig}_high"] = pred[fig], lo, hi
+            row[fig], row[f"{fig}_low"], row[f"{fig}_high"] = mid, lo, hi
     return row, curve
 
 
@@ -240,8 +238,7 @@ def _words(rec: Recommendation, p: Planner, sweep: list[str]) -> tuple[str, list
     if rec.np is None:
         return (f"No np in {min(rows)}–{max(rows)} meets every budget{cap} ({rests}).", details)
     r = rows[rec.np]
-    figs = ", ".join(f"{BUDGETS[n][1]} {fmt_s(r[BUDGETS[n][0]])}"
-                     + (f" ±{_pct(r, BUDGETS[n][0])} %" if r["basis"] == "predicted" else "")
+    figs = ", ".join(f"{BUDGETS[n][1]} {fmt_s(r[BUDGETS[n][0]])}" + _range(r, BUDGETS[n][0])
                      + f" against {fmt_s(lim)}" for n, lim in rec.budgets.items())
     shaky = [BUDGETS[n][1] for n in rec.budgets if r[f"{n}_verdict"] == "likely pass"]
     sure = ("" if r["basis"] == "measured" else
@@ -254,9 +251,10 @@ def _words(rec: Recommendation, p: Planner, sweep: list[str]) -> tuple[str, list
     return (f"Recommended np {rec.np}{cap} ({basis}: {figs}{sure}), from {rests}.", details)
 
 
-def _pct(row: dict[str, Any], fig: str) -> str:
-    v, hi = row[fig], row[f"{fig}_high"]
-    return f"{(hi / v - 1) * 100:.0f}" if v and hi is not None else "?"
+def _range(row: dict[str, Any], fig: str) -> str:
+    """" (low–high)" of a predicted figure's band; nothing for a measured one."""
+    lo, hi = row[f"{fig}_low"], row[f"{fig}_high"]
+    return f" ({fmt_s(lo)}–{fmt_s(hi)})" if lo is not None and hi is not None else ""
 
 
 BUDGET_KEYS = {"run": "max_run_s", "request": "max_request_s", "p95": "max_p95_s"}

@@ -68,7 +68,7 @@ class Noise:
     def decode(self, t: float) -> float:
         if self.rng is None:
             return 1.0
-        k = int(math.floor(t / self.epoch + 1e-9))  # a moment on a boundary belongs to the epoch it opens
+        k = math.floor(t / self.epoch + 1e-9)  # a moment on a boundary belongs to the epoch it opens
         while len(self.factors) <= k:
             self.factors.append(float(self.rng.choice(self.decode_pool)))
         return self.factors[k]

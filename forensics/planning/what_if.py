@@ -77,7 +77,7 @@ def fmt_s(seconds: float | None) -> str:
 def band_row(p: Planner, figure: str, value: float, np_: int, measured: tuple[float | None, str | None]) -> dict[str, Any]:
     """One row of a prediction table: the value, its band from the folds, and the measured figure if any."""
     rel, kind = p.band(figure, np_)
-    lo, hi = (value * (1 - rel), value * (1 + rel)) if rel is not None else (None, None)
+    lo, hi = (max(value * (1 - rel), 0.0), value * (1 + rel)) if rel is not None else (None, None)
     return {"figure": _label(figure), "predicted": value, "low": lo, "high": hi,
             "band_pct": rel * 100 if rel is not None else None, "band": kind if rel is not None else "none",
             "measured": measured[0], "measured_run": measured[1]}
