@@ -251,8 +251,8 @@ def check_data(workloads: Sequence[Workload]) -> None:
     if len(nps) < 2:
         raise NotEnoughData(f"only np {nps[0]} has timed runs ({', '.join(sorted(timed))}): the cost of an extra "
                             "slot cannot be told from one np",
-                            hint=f"record the same workload at another np as well (e.g. np {max(1, nps[0] // 2)} "
-                                 f"and np {nps[0] * 2})")
+                            hint="record the same workload at another np as well (e.g. "
+                                 + (f"np {nps[0] // 2} and np {nps[0] * 2})" if nps[0] > 1 else "np 2 and np 4)"))
 
 
 def _decode_xy(r: _Rows, context: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from forensics.errors import ForensicsError, bug_boundary
+from forensics.planning.costmodel import NotEnoughData
 from forensics.store import Store
 
 
@@ -35,6 +36,9 @@ def whatif_section(store: Store, runs: list[str], charts: Any, table: Any) -> tu
     try:
         with bug_boundary():
             parts += _body(store, runs[0], charts, table)
+        return "\n".join(parts), []
+    except NotEnoughData as exc:  # not a failure: the store cannot support a prediction yet; the section says so
+        parts.append(f'<p class="na">{html.escape(exc.one_line())}</p>')
         return "\n".join(parts), []
     except ForensicsError as exc:
         parts.append(f'<p class="na">{html.escape(exc.one_line())}</p>')
@@ -74,5 +78,5 @@ def _body(store: Store, run: str, charts: Any, table: Any) -> list[str]:
     ri = metrics.request_intervals(store, [run], source=metrics.lanes_source(store, [run]))
     busy = metrics.busy_over_time(ri)
     mine = busy.filter(pl.col("instance") == w.instance) if w.instance is not None else busy
-    out.append(charts.embed_div(pcharts.busy_chart(res, mine if n == w.np else None), "chart-whatif-busy"))
+    out.append(charts.embed_div(pcharts.busy_chart(res, mine if n == w.np else None), "chart-whatif"))
     return out
