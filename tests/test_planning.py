@@ -184,8 +184,8 @@ def test_recommend_names_np4_and_why_np2_and_np8_fail(store_name: str, request: 
     assert (rows[8]["run_verdict"], rows[8]["request_verdict"]) == ("pass", "fail")
     if store_name == "sweep":
         assert rec.sentence == ("Recommended np 4 (measured on sweep-np4: run time 2m08s against 2m30s, request latency "
-                                "20 s against 30 s), from a model fitted on capped-np4, runaway-np4, sweep-np1, "
-                                "sweep-np2, sweep-np4, sweep-np8.")
+                                "20 s against 30 s), from a model fitted on sweep-np1, sweep-np2, sweep-np4, "
+                                "sweep-np8.")  # the runs named span four np: the model rests on them alone
     else:
         assert rec.sentence.startswith("Recommended np 4 (predicted: the median of sweep-np1, sweep-np2 and "
                                        "sweep-np8's workloads: run time 2m10s (")

@@ -54,13 +54,15 @@ def measured_figures(m: pl.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def model_key(slots: pl.DataFrame, run: str) -> str | None:
-    """The model that served ``run`` (the file's name without directory or .gguf, lower case): runs of one model on
-    one setup share a cost model."""
+    """The model that served ``run`` (the file's name without directory or .gguf, lower case) and the llama.cpp
+    build when logged: runs of one model on one build share a cost model."""
     mine = slots.filter(pl.col("run") == run)
     names = [m for m in mine["model"].to_list() + mine["run_model"].to_list() if m]
+    builds = sorted({int(b) for b in mine["build"].drop_nulls().to_list() if b})
     if not names:
         return None
-    return PurePosixPath(str(names[0]).replace("\\", "/")).name.lower().removesuffix(".gguf")
+    name = PurePosixPath(str(names[0]).replace("\\", "/")).name.lower().removesuffix(".gguf")
+    return name + (f" (build {builds[0]})" if builds else "")
 
 
 @dataclass
@@ -127,8 +129,21 @@ def _pool(store: Store, targets: list[str], slots: pl.DataFrame) -> tuple[list[s
     key = next(iter(mine))
     same = [r for r in everyone if keys.get(r) == key]
     comp = comparable_healthy_runs(store, same)
-    basis = f"the healthy runs of model {key}" if key else "the healthy runs with no model logged"
-    return [r for r in comp.runs if r in same], basis, {r: why for r, why in comp.left_out.items() if r in same}
+    healthy = [r for r in comp.runs if r in same]
+    left_out = {r: why for r, why in comp.left_out.items() if r in same}
+    # the targets' own sweep, when it spans two np: runs recorded together share their conditions (the machine's
+    # load, the server's flags), which other runs of the model may not
+    sweep = [r for r in metrics.comparable_runs(store, targets).runs if r in healthy]
+    if len({_np(slots, r) for r in sweep} - {None}) >= 2 and set(sweep) != set(healthy):
+        return sweep, f"the healthy runs of the sweep of {', '.join(targets)}", left_out
+    return healthy, f"the healthy runs of model {key}" if key else "the healthy runs with no model logged", left_out
+
+
+def _np(slots: pl.DataFrame, run: str) -> int | None:
+    mine = slots.filter(pl.col("run") == run)
+    n = mine["n_slots"].drop_nulls()
+    c = mine["concurrency"].drop_nulls()
+    return int(n.max()) if n.len() else int(c.max()) if c.len() else None  # type: ignore[arg-type]
 
 
 def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Planner:

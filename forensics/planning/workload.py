@@ -84,7 +84,7 @@ def run_slots(store: Store, runs: list[str]) -> pl.DataFrame:
     model and stages (its manifest's)."""
     con = store.connect(tables=["instances", "runs"])
     try:
-        return fetch_pl(con, "SELECT i.run, i.instance, i.n_slots, i.model, i.port, r.concurrency, "
+        return fetch_pl(con, "SELECT i.run, i.instance, i.n_slots, i.model, i.build, i.port, r.concurrency, "
                              "epoch(r.ended_at) - epoch(r.started_at) AS run_s, r.model AS run_model, r.stages "
                              "FROM instances i FULL JOIN (SELECT run, any_value(concurrency) AS concurrency, "
                              "any_value(started_at) AS started_at, any_value(ended_at) AS ended_at, "
