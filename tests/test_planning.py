@@ -263,12 +263,18 @@ def test_whatif_on_the_command_line(sweep: Store) -> None:
 
 
 # ---------------------------------------------------------------------------------------- not enough data
-def test_one_np_only_says_what_to_record(tmp_path: Path) -> None:
-    store = build_store(tmp_path, sweep_scenario((4,), runaways=False))
+def test_one_np_only_says_what_to_record_and_still_predicts_a_cap_at_that_np(tmp_path: Path) -> None:
+    """Two runs at np 4 only: another np cannot be predicted (one line: what to record); the runaway run with a cap
+    at its own np can, and leave-one-run-out still gives its band."""
+    store = build_store(tmp_path, sweep_scenario((4,)), skip=("capped-np4",))
     res = CliRunner().invoke(cli, ["whatif", "sweep-np4", "--np", "8", "--store", str(store.root)])
     assert res.exit_code == 2 and res.stdout == ""
-    assert res.stderr == ("forensics: error: only np 4 has timed runs (sweep-np4): the cost of an extra slot cannot "
-                          "be told from one np (record the same workload at another np as well (e.g. np 2 and np 8))\n")
+    assert res.stderr == ("forensics: error: only np 4 has timed runs (runaway-np4, sweep-np4): the cost of an extra "
+                          "slot cannot be told from one np, so np 8 cannot be predicted (record the same workload at "
+                          "another np as well (e.g. np 2 and np 8))\n")
+    capped = what_if.whatif(store, "runaway-np4", cap=RUNAWAY_CAP)
+    assert capped.cuts.filter(pl.col("class") == "runaway").height == 4
+    assert capped.figure("time_saved_s")["band_pct"] is not None
 
 
 def test_a_log_without_time_says_what_to_record(tmp_path: Path) -> None:

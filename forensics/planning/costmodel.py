@@ -241,18 +241,23 @@ def _concat(rows: Sequence[_Rows]) -> _Rows:
 
 
 def check_data(workloads: Sequence[Workload]) -> None:
-    """Raise ``NotEnoughData`` (one line: what to record) unless the runs have timed requests at two or more np."""
-    timed = {w.run: w.np for w in workloads if timed_jobs(w).height >= 3}
-    if not timed:
+    """Raise ``NotEnoughData`` (one line: what to record) unless some runs have timed requests to fit on."""
+    if not any(timed_jobs(w).height >= 3 for w in workloads):
         raise NotEnoughData("no run has request timings on a clock",
                             hint="record the harness's per-request send and end times, or start llama-server with "
                                  "--log-timestamps (or --log-prefix), so each request's time can be placed")
-    nps = sorted(set(timed.values()))
-    if len(nps) < 2:
-        raise NotEnoughData(f"only np {nps[0]} has timed runs ({', '.join(sorted(timed))}): the cost of an extra "
-                            "slot cannot be told from one np",
-                            hint="record the same workload at another np as well (e.g. "
-                                 + (f"np {nps[0] // 2} and np {nps[0] * 2})" if nps[0] > 1 else "np 2 and np 4)"))
+
+
+def one_np_only(model: CostModel, np_: int) -> NotEnoughData | None:
+    """The error for a prediction at ``np_`` from a model that saw one other np only (the cost of an extra slot
+    cannot be told from one np), else None: at the np it saw, a model of one np predicts (a cap, a rerun)."""
+    if len(model.nps) != 1 or np_ == model.nps[0]:
+        return None
+    n = model.nps[0]
+    return NotEnoughData(f"only np {n} has timed runs ({', '.join(sorted(model.runs))}): the cost of an extra slot "
+                         f"cannot be told from one np, so np {np_} cannot be predicted",
+                         hint="record the same workload at another np as well (e.g. "
+                              + (f"np {n // 2} and np {n * 2})" if n > 1 else "np 2 and np 4)"))
 
 
 def _decode_xy(r: _Rows, context: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -295,7 +300,8 @@ def uses_context(per_run: list[_Rows]) -> bool:
 
 
 def fit(workloads: Sequence[Workload]) -> CostModel:
-    """The cost model fitted on ``workloads`` (``check_data`` first: two or more np with timings)."""
+    """The cost model fitted on ``workloads`` (``check_data`` first: timed requests).  A model of one np predicts
+    that np only (``one_np_only``)."""
     check_data(workloads)
     used = [w for w in workloads if timed_jobs(w).height >= 3]
     alpha, beta, context = 1.0, 0.0, False

@@ -99,6 +99,9 @@ class Planner:
         """The figures of ``run``'s workload replayed at ``np_`` slots (and ``cap``): each the median of ``REPLAYS``
         replays with the runs' own noise (a future run is one draw of it), and the replay without noise."""
         w, m = self.workloads[run], model or self.model
+        err = costmodel.one_np_only(m, np_)
+        if err is not None:
+            raise err
         plain = simulate.simulate(w, m, slots=np_, concurrency=concurrency, cap=cap)
         if not m.decode_noise:
             return figures(plain, w), plain
@@ -170,8 +173,8 @@ def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Pl
     p = Planner(store, pool, basis, left_out, loads, measured_figures(m), model, _empty_folds(), sweeps)
     p.folds = leave_one_out(p)
     if p.folds.height == 0:
-        p.notes.append("no error band: leaving any run out leaves fewer than two np with timings; record the "
-                       "workload at a third np")
+        p.notes.append("no error band: leaving any run out leaves too few timed runs to fit on; record the "
+                       "workload again (at another np, it also lets other np be predicted)")
     return p
 
 
@@ -194,6 +197,8 @@ def leave_one_out(p: Planner) -> pl.DataFrame:
         except NotEnoughData:
             continue
         np_ = p.workloads[run].np
+        if costmodel.one_np_only(model, np_) is not None:
+            continue
         pred, _ = p.predict(run, np_, model=model)
         rest = sorted({p.workloads[r].np for r in others})
         kind = "interpolated" if rest[0] <= np_ <= rest[-1] else "extrapolated"
