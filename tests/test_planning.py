@@ -259,7 +259,7 @@ def test_whatif_on_the_command_line(sweep: Store) -> None:
     assert res.stderr.splitlines()[0].startswith("sweep-np2 at np 4 (it ran at np 2): run time ")
     errors = CliRunner().invoke(cli, ["whatif", "sweep-np2", "--errors", "--format", "csv", "--store",
                                       str(sweep.root)])
-    assert errors.stdout.splitlines()[0] == "run,np,kind,figure,measured,predicted,error"
+    assert errors.stdout.splitlines()[0] == "run,np,kind,speed,figure,measured,predicted,error"
 
 
 # ---------------------------------------------------------------------------------------- not enough data

@@ -26,6 +26,7 @@ functions, no loop per request.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -323,25 +324,70 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
     if pk.sum() >= 3:
         xp = np.column_stack([np.ones(pk.sum()), rows.prompt_batch[pk], rows.prompt_busy[pk]])
         pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
-    dec_noise, pre_noise, epoch = _noise(rows, x, y, coef, pre)
-    return CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
-                     tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,
-                     float(coef[3]) if context else 0.0, dec_noise, pre_noise, epoch)
+    model = CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
+                      tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,
+                      float(coef[3]) if context else 0.0)
+    dec_noise, pre_noise = _noise(model, per_run)
+    gen_s = rows.gen_ms[rows.gen_ms > 0] / 1000.0
+    epoch = float(np.clip(np.median(gen_s), 0.2, 30.0)) if gen_s.size else 1.0
+    return dataclasses.replace(model, decode_noise=dec_noise, prefill_noise=pre_noise, noise_epoch_s=epoch)
 
 
 NOISE_CLIP = (0.25, 8.0)  # a ratio outside this is a broken measurement, not noise
 
 
-def _noise(rows: _Rows, x: np.ndarray, y: np.ndarray, coef: np.ndarray,
-           pre: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """The fit's requests' measured / fitted ratios (every request, the outliers too: a slow moment is real), and
-    the median generation time, over which one decode ratio was measured."""
-    fitted = x @ coef
-    dec = np.clip(y[fitted > 0] / fitted[fitted > 0], *NOISE_CLIP)
-    pk = (rows.prompt > 0) & (rows.prompt_ms > 0)
-    p_fit = pre[0] + pre[1] * rows.prompt_batch[pk] + pre[2] * rows.prompt_busy[pk]
-    ok = p_fit > 0
-    prefill = np.clip(rows.prompt_ms[pk][ok] / p_fit[ok], *NOISE_CLIP)
-    gen_s = rows.gen_ms[rows.gen_ms > 0] / 1000.0
-    epoch = float(np.clip(np.median(gen_s), 0.2, 30.0)) if gen_s.size else 1.0
-    return tuple(np.round(dec, 4).tolist()), tuple(np.round(prefill, 4).tolist()), epoch
+def _ratios(m: CostModel, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each request's measured / fitted time per decode step (with its weight) and per prefill, under ``m``."""
+    x, y, wt = _decode_xy(r, True)
+    fitted = x @ np.array([m.step_ms, m.marginal_ms, m.stall_ms_per_token, m.context_ms_per_token])
+    ok = fitted > 0
+    pk = (r.prompt > 0) & (r.prompt_ms > 0)
+    p_fit = m.prefill_base_ms + m.prefill_ms_per_token * r.prompt_batch[pk] + m.prefill_busy_ms * r.prompt_busy[pk]
+    pre = r.prompt_ms[pk][p_fit > 0] / p_fit[p_fit > 0]
+    return np.clip(y[ok] / fitted[ok], *NOISE_CLIP), wt[ok], np.clip(pre, *NOISE_CLIP)
+
+
+def _weighted_median(v: np.ndarray, w: np.ndarray) -> float:
+    order = np.argsort(v)
+    cum = np.cumsum(w[order])
+    return float(v[order][np.searchsorted(cum, cum[-1] / 2.0)])
+
+
+def run_speed(m: CostModel, per_run: _Rows) -> tuple[float, float]:
+    """How fast one run went against ``m``: the (weighted) median of its decode ratios and of its prefill ratios
+    (1 where it has too few): the machine's load, its threads, anything that speeds a whole run up or slows it."""
+    dec, wt, pre = _ratios(m, per_run)
+    k_d = _weighted_median(dec, wt) if dec.size >= 3 else 1.0
+    k_p = float(np.median(pre)) if pre.size >= 3 else 1.0
+    return k_d, k_p
+
+
+def _noise(m: CostModel, per_run: list[_Rows]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The fit's requests' measured / fitted ratios, each run's divided by its own speed (``run_speed``): the noise
+    within a run (every request, the outliers too: a slow moment is real), not how fast its run went."""
+    dec_all, pre_all = [], []
+    for r in per_run:
+        k_d, k_p = run_speed(m, r)
+        dec, _, pre = _ratios(m, r)
+        dec_all.append(dec / k_d)
+        pre_all.append(pre / k_p)
+    dec_v = np.clip(np.concatenate(dec_all), *NOISE_CLIP) if dec_all else np.ones(0)
+    pre_v = np.clip(np.concatenate(pre_all), *NOISE_CLIP) if pre_all else np.ones(0)
+    return tuple(np.round(dec_v, 4).tolist()), tuple(np.round(pre_v, 4).tolist())
+
+
+def speed_of(m: CostModel, w: Workload) -> tuple[float, float]:
+    """``run_speed`` of workload ``w``'s timed requests ((1, 1) without three of them)."""
+    if timed_jobs(w).height < 3:
+        return 1.0, 1.0
+    return run_speed(m, _rows(w, lambda b: m.step_ms + m.marginal_ms * np.clip(b - 1.0, 0.0, None)))
+
+
+def scaled(m: CostModel, decode: float, prefill: float) -> CostModel:
+    """``m`` at another speed: every decode cost times ``decode``, every prefill cost times ``prefill``."""
+    return dataclasses.replace(m, step_ms=m.step_ms * decode, marginal_ms=m.marginal_ms * decode,
+                               stall_ms_per_token=m.stall_ms_per_token * decode,
+                               context_ms_per_token=m.context_ms_per_token * decode,
+                               prefill_base_ms=m.prefill_base_ms * prefill,
+                               prefill_ms_per_token=m.prefill_ms_per_token * prefill,
+                               prefill_busy_ms=m.prefill_busy_ms * prefill)

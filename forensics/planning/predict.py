@@ -4,7 +4,8 @@ of those runs when that run was left out.
 ``planner`` gathers the pool (the store's healthy runs of the same model: ``verdict.comparable_healthy_runs``
 over them, so a dead slot, a crash or a killed run never teaches the model), reads each run's workload once, fits
 the cost model on all of them, and runs leave-one-run-out: for each run, fit on the others and predict the run
-from its own workload.  A prediction's band is the largest relative error of those folds, per figure, taken from
+from its own workload, at its own speed (``Planner.speed``: how fast its requests went against the model, the
+machine's load that day).  A prediction's band is the largest relative error of those folds, per figure, taken from
 the folds of the same kind: *interpolated* (the np lies between the remaining runs' np) or *extrapolated*.  The band
 is the model's error for a given workload; a run whose outputs differ (a runaway the others did not have) differs
 by that on top.
@@ -80,6 +81,7 @@ class Planner:
     folds: pl.DataFrame  # run, np, kind, figure, measured, predicted, error
     sweeps: dict[str, list[str]] = field(default_factory=dict)  # run -> the runs of its sweep
     notes: list[str] = field(default_factory=list)
+    _speeds: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
 
     def band(self, figure: str, np_: int) -> tuple[float | None, str]:
         """(relative half-width, kind) of the error band of ``figure`` predicted at ``np_``.  Interpolated (``np_``
@@ -98,16 +100,26 @@ class Planner:
                 model: CostModel | None = None) -> tuple[dict[str, float], simulate.Simulated]:
         """The figures of ``run``'s workload replayed at ``np_`` slots (and ``cap``): each the median of ``REPLAYS``
         replays with the runs' own noise (a future run is one draw of it), and the replay without noise."""
-        w, m = self.workloads[run], model or self.model
-        err = costmodel.one_np_only(m, np_)
+        w, base = self.workloads[run], model or self.model
+        err = costmodel.one_np_only(base, np_)
         if err is not None:
             raise err
+        m = costmodel.scaled(base, *self.speed(run, base))
         plain = simulate.simulate(w, m, slots=np_, concurrency=concurrency, cap=cap)
         if not m.decode_noise:
             return figures(plain, w), plain
         draws = [figures(simulate.simulate(w, m, slots=np_, concurrency=concurrency, cap=cap, seed=k), w)
                  for k in range(REPLAYS)]
         return {f: float(np.median([d[f] for d in draws])) for f in draws[0]}, plain
+
+    def speed(self, run: str, model: CostModel | None = None) -> tuple[float, float]:
+        """How fast ``run`` went against the model (``costmodel.run_speed``: decode, prefill): a replay of the run is
+        at its own speed, the machine's conditions that day, which no other run can tell."""
+        m = model or self.model
+        key = (run, id(m))
+        if key not in self._speeds:
+            self._speeds[key] = costmodel.speed_of(m, self.workloads[run])
+        return self._speeds[key]
 
     def source_for(self, np_: int, among: list[str] | None = None, like: str | None = None) -> str:
         """The run whose workload predicts ``np_``: of ``among`` (default the pool), those of ``like``'s sweep when
@@ -178,7 +190,7 @@ def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Pl
     return p
 
 
-FOLD_SCHEMA = {"run": pl.String, "np": pl.Int64, "kind": pl.String, "figure": pl.String,
+FOLD_SCHEMA = {"run": pl.String, "np": pl.Int64, "kind": pl.String, "speed": pl.Float64, "figure": pl.String,
                "measured": pl.Float64, "predicted": pl.Float64, "error": pl.Float64}
 
 
@@ -187,8 +199,9 @@ def _empty_folds() -> pl.DataFrame:
 
 
 def leave_one_out(p: Planner) -> pl.DataFrame:
-    """One row per pooled run and figure: the run's own workload predicted by a model fitted without it, and the
-    relative error (predicted / measured - 1)."""
+    """One row per pooled run and figure: the run's own workload predicted by a model fitted without it, at the
+    run's own speed (``speed``: its decode steps' time against that model's: the machine's load), and the relative
+    error (predicted / measured - 1)."""
     rows = []
     for run in p.pool:
         others = [r for r in p.pool if r != run]
@@ -206,6 +219,6 @@ def leave_one_out(p: Planner) -> pl.DataFrame:
             meas = p.measured.get(run, {}).get(fig)
             if meas is None or not meas or np.isnan(pred[fig]):
                 continue
-            rows.append({"run": run, "np": np_, "kind": kind, "figure": fig, "measured": meas,
-                         "predicted": pred[fig], "error": pred[fig] / meas - 1})
+            rows.append({"run": run, "np": np_, "kind": kind, "speed": round(p.speed(run, model)[0], 3),
+                         "figure": fig, "measured": meas, "predicted": pred[fig], "error": pred[fig] / meas - 1})
     return pl.DataFrame(rows, schema=FOLD_SCHEMA, orient="row")

@@ -120,6 +120,29 @@ def _cuts(store: Store, p: Planner, run: str, cap: int) -> pl.DataFrame:
     return out.select(list(CUT_SCHEMA)).cast(CUT_SCHEMA).sort("item", "stage", "attempt", nulls_last=True)  # type: ignore[arg-type]
 
 
+def capped_rerun(p: Planner, run: str, cap: int) -> str | None:
+    """A run of ``run``'s sweep at the same np that sent the same items and stages and capped, at ``cap`` or less,
+    every request ``run`` sent without a cap: the rerun with the cap, whose saving was measured."""
+    def uncapped(jobs: pl.DataFrame) -> pl.DataFrame:
+        return jobs.filter(pl.col("n_predict").fill_null(-1) <= 0).select("item", "stage").unique()
+
+    mine = p.workloads[run].jobs
+    todo = uncapped(mine)
+    if todo.height == 0 or todo["item"].null_count():
+        return None
+    pairs = set(mine.select("item", "stage").unique().iter_rows())
+    for other in p.sweeps.get(run, []):
+        w = p.workloads.get(other)
+        if other == run or w is None or w.np != p.workloads[run].np:
+            continue
+        if set(w.jobs.select("item", "stage").unique().iter_rows()) != pairs:
+            continue
+        there = w.jobs.join(todo, on=["item", "stage"], how="semi")["n_predict"]
+        if there.len() and bool(((there.fill_null(-1) > 0) & (there.fill_null(-1) <= cap)).all()):
+            return other
+    return None
+
+
 def _saved(p: Planner, run: str, np_: int, with_cap: dict[str, float], without: dict[str, float],
            measured: float | None) -> dict[str, Any]:
     """Time saved by the cap: the run's duration (measured at this np when known, else predicted without the cap)
@@ -159,15 +182,31 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
     pred, sim = p.predict(name, n, cap=cap, concurrency=concurrency)
     rows = [band_row(p, f, pred[f], n, measured_at(p, name, n, f)) for f in FIGURES]
     cuts = pl.DataFrame(schema=CUT_SCHEMA)
+    notes = list(p.notes) + list(w.notes)
     if cap is not None:
         base, _ = p.predict(name, n, concurrency=concurrency)
         rows.append(_saved(p, name, n, pred, base, measured_at(p, name, n, "run_s")[0]))
         cuts = _cuts(p.store, p, name, cap)
+        rerun = capped_rerun(p, name, cap) if n == w.np and concurrency is None else None
+        if rerun is not None:
+            rows[-1].update(_rerun_measured(p, name, rerun, notes))
     conc = concurrency or (n if w.harness.concurrency == w.np else w.harness.concurrency)
     res = WhatIf(name, n, cap, conc, pl.DataFrame(rows, schema=TABLE_SCHEMA, orient="row"), cuts, sim.busy,
-                 p.model, p.pool, p.left_out, p.folds, notes=list(p.notes) + list(w.notes))
+                 p.model, p.pool, p.left_out, p.folds, notes=notes)
     res.sentences = sentences(res, w.np, sim)
     return res
+
+
+def _rerun_measured(p: Planner, run: str, rerun: str, notes: list[str]) -> dict[str, Any]:
+    """The saving the rerun with the cap measured, and, in ``notes``, how fast it went against ``run`` (a rerun on a
+    busier or quieter machine saves more or less than the cap alone)."""
+    a, b = p.measured[run]["run_s"], p.measured[rerun]["run_s"]
+    k = p.speed(rerun)[0] / p.speed(run)[0]
+    if abs(k - 1) > 0.05:
+        notes.append(f"{rerun} (the rerun with the cap) went at {k:.2f}x {run}'s step times (the machine's load): at "
+                     f"{run}'s speed it would have taken about {b / k:.0f} s, a saving of {a - b / k:.0f} s "
+                     f"against the {a - b:.0f} s measured")
+    return {"measured": a - b, "measured_run": rerun}
 
 
 def store_run(p: Planner, run: str) -> str:

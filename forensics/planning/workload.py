@@ -66,7 +66,7 @@ class Workload:
 # request the client cancelled ran on: up to the slot's context), ``deadline_s`` when the client gives up on it.
 JOB_COLUMNS = ("order", "item", "stage", "stage_idx", "attempt", "instance", "slot", "task", "prev", "lag_s",
                "prompt_eval", "prompt_tokens", "gen_tokens", "target", "simulated", "fixed_s", "deadline_s", "failed",
-               "outcome", "send_s", "end_s", "latency_s")
+               "outcome", "n_predict", "send_s", "end_s", "latency_s")
 GAVE_UP = ("timeout", "cancelled")
 
 
