@@ -9,7 +9,7 @@ Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue.  
 as llama-server batches them: every prompt waiting when a prefill begins, and those that take a slot within
 ``BATCH_WINDOW_S`` of its start, go through together (``prefill_base_ms + prefill_ms_per_token × Σp +
 prefill_busy_ms × b``) and hold the decoding slots back by ``stall_ms_per_token × Σp`` in all, spread over the
-prefill; then each request decodes its remaining tokens with the others.
+prefill (and what it cannot hold right after it); then each request decodes its remaining tokens with the others.
 
 Harness (``Harness.policy``): ``chain`` (a worker sends its item's next request ``lag_s`` after the previous one
 ended, else takes the next item ``gap_s`` later), ``fifo`` (ready requests queue for any free worker) or
@@ -97,6 +97,8 @@ class _Server:
         self.rem: list[float] = []
         self.ctx: list[float] = []  # the context each decoding slot holds (its prompt, then one token per step)
         self.stall = 0.0  # the share of time the decoding slots stand still while the current prefill runs
+        self.stall_after_ms = 0.0  # the rest of the current prefill's stall, once it is over
+        self.frozen_until = -INF  # the decoding slots stand still until then (a stall longer than its prefill)
         n = prompt.size
         self.assign, self.gen_start, self.end = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.decoded = np.zeros(n)  # tokens generated: all of them, or those before the client gave up
@@ -107,10 +109,14 @@ class _Server:
         b, f = len(self.dec), self.noise.decode(self.t)
         return self.m.step(b, sum(self.ctx)) * f, self.m.context_ms_per_token * b * f
 
+    def _share(self) -> float:
+        """The share of time the decoding slots advance, now (the stretch to the next event has one share)."""
+        return 0.0 if self.t < self.frozen_until else 1.0 - self.stall
+
     def advance(self, t: float) -> None:
         if self.dec and t > self.t:
             s0, g = self._costs()
-            ms = (t - self.t) * 1000.0 * (1.0 - self.stall)
+            ms = (t - self.t) * 1000.0 * self._share()
             # steps n in ms milliseconds: s0 n + g n^2 / 2 = ms, in the form that stays exact as g -> 0
             done = 2.0 * ms / (s0 + math.sqrt(s0 * s0 + 2.0 * g * ms))
             self.rem = [r - done for r in self.rem]
@@ -119,11 +125,12 @@ class _Server:
 
     def next_time(self) -> float:
         t_dec = INF
-        if self.dec:
+        if self.dec and self.t < self.frozen_until:
+            t_dec = self.frozen_until
+        elif self.dec and self._share() > 0:
             s0, g = self._costs()
             m = max(min(self.rem), 0.0)
-            t_dec = min(self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / (1.0 - self.stall),
-                        self.noise.boundary(self.t))
+            t_dec = min(self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / self._share(), self.noise.boundary(self.t))
         return min(t_dec, self.prefill_end)
 
     def arrive(self, job: int, t: float) -> None:
@@ -153,8 +160,11 @@ class _Server:
         dur_ms = (self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b) \
             * self.noise.prefill()
         self.batch_start, self.prefill_end = t, t + dur_ms / 1000.0
-        # the decoding slots lose stall_ms_per_token x p over the prefill, spread evenly (as the fit measures it)
-        self.stall = min(self.m.stall_ms_per_token * p / dur_ms, 0.95) if dur_ms > 0 else 0.0
+        # the decoding slots lose stall_ms_per_token x p: spread over the prefill (as the fit measures it), and what
+        # a prefill cannot hold (a stall longer than it) right after it
+        total_ms = self.m.stall_ms_per_token * p
+        self.stall = min(total_ms / dur_ms, 1.0) if dur_ms > 0 else 0.0
+        self.stall_after_ms = total_ms - self.stall * dur_ms
 
     def step_to(self, t: float) -> list[int]:
         """Advance to ``t`` (an event of this server's) and return the jobs that ended there."""
@@ -162,6 +172,9 @@ class _Server:
         ended: list[int] = []
         if self.batch and self.prefill_end <= t:
             batch, self.batch, self.prefill_end, self.stall = self.batch, [], INF, 0.0
+            if self.stall_after_ms > 0:
+                self.frozen_until = max(self.frozen_until, t + self.stall_after_ms / 1000.0)
+                self.stall_after_ms = 0.0
             for job in batch:
                 self.gen_start[job] = t
                 if self.steps[job] > 0:
