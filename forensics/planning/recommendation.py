@@ -8,7 +8,9 @@ the model's leave-one-run-out error.  Each budget is checked as ``smoke`` checks
 duration else the wall time; request: the longest request; p95) and, for a prediction, against the band too:
 ``pass`` (even the band's upper edge holds), ``likely pass`` (the prediction holds, its band's edge does not),
 ``likely fail``, ``fail``.  The recommendation is the np with the highest throughput whose every budget passes or
-likely passes; how sure it is says which budgets hold only inside the band.
+likely passes, throughput ranked as the model has it at the sweep's typical speed (``ranked_tok_per_s``: on a
+shared machine a run on a quiet moment would otherwise win by luck); how sure it is says which budgets hold only
+inside the band.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def _verdicts(row: dict[str, Any], budgets: dict[str, float]) -> dict[str, Any]:
 
 TABLE_COLUMNS = ("np", "basis", "from_runs", "run_s", "run_s_low", "run_s_high", "latency_max_s", "latency_max_s_low",
                  "latency_max_s_high", "latency_p95_s", "latency_p95_s_low", "latency_p95_s_high", "latency_p50_s",
-                 "gen_tok_per_s")
+                 "gen_tok_per_s", "ranked_tok_per_s")
 
 
 def _cap_of(store: Store, runs: list[str], cap: int | str | None) -> tuple[int | None, list[str]]:
@@ -186,8 +188,10 @@ def recommend_with(p: Planner, targets: list[str], budgets: Budgets, *, np_range
     cut = _cut_counts(store, sweep, cap_value)
     cands = np_range or default_candidates([p.workloads[r].np for r in sweep])
     rows, curve = [], []
+    typical = _typical_speed(p, sweep)
     for n in cands:
         row, pts = _row(p, n, sweep, _measured_at(p, sweep, n, cap_value, cut), cap_value)
+        row["ranked_tok_per_s"] = _ranked_throughput(p, n, sweep, cap_value, typical)
         rows.append(_verdicts(row, limits))
         curve += pts
     table = pl.DataFrame(rows, infer_schema_length=None)
@@ -210,11 +214,29 @@ def _cut_counts(store: Store, runs: list[str], cap: int | None) -> dict[str, int
     return dict(cuts.group_by("run").len().iter_rows())
 
 
+def _typical_speed(p: Planner, sweep: list[str]) -> tuple[float, float]:
+    """The median speed of the sweep's runs (``Planner.speed``): the machine as it usually was."""
+    speeds = [p.speed(r) for r in sweep]
+    return float(np.median([k[0] for k in speeds])), float(np.median([k[1] for k in speeds]))
+
+
+def _ranked_throughput(p: Planner, np_: int, sweep: list[str], cap: int | None,
+                       speed: tuple[float, float]) -> float:
+    """The throughput that ranks the candidates: the model's, from the nearest run's workload, at the sweep's
+    typical speed for every np, so a run that went fast on a quiet moment does not win by luck."""
+    from forensics.planning import costmodel, simulate
+
+    src = p.source_for(np_, among=sweep)
+    w = p.workloads[src]
+    sim = simulate.simulate(w, costmodel.scaled(p.model, *speed), slots=np_, cap=cap)
+    return predict.figures(sim, w)["gen_tok_per_s"]
+
+
 def _best(table: pl.DataFrame) -> int | None:
     ok = table.filter(pl.col("verdict").is_in(["pass", "likely pass"]))
     if ok.height == 0:
         return None
-    return int(ok.sort(["gen_tok_per_s", "np"], descending=[True, False], nulls_last=True)["np"][0])
+    return int(ok.sort(["ranked_tok_per_s", "np"], descending=[True, False], nulls_last=True)["np"][0])
 
 
 def _fails(row: dict[str, Any], budgets: dict[str, float]) -> list[str]:
