@@ -50,7 +50,7 @@ def test_nnls_never_returns_a_negative_cost() -> None:
     assert falling[1] == 0.0 and falling[0] == pytest.approx(6.0)  # the slope would be negative: flat at the mean
 
 
-MODEL = CostModel(step_ms=10.0, marginal_ms=4.0, stall_ms_per_token=0.0, prefill_base_ms=0.0,
+MODEL = CostModel(step_ms=10.0, marginal_ms=4.0, stall_share=0.0, prefill_base_ms=0.0,
                   prefill_ms_per_token=1.0, prefill_busy_ms=0.0, runs=(), nps=(), requests=0)
 
 
@@ -130,7 +130,7 @@ def test_the_harness_policy_is_read_from_its_records(sweep: Store) -> None:
 # ---------------------------------------------------------------------------------------- the fit
 def test_the_fit_recovers_the_costs_a_replay_ran_on(sweep: Store) -> None:
     """Timings written by the replay with known costs are fitted back to those costs."""
-    true = CostModel(step_ms=30.0, marginal_ms=5.0, stall_ms_per_token=0.05, prefill_base_ms=0.0,
+    true = CostModel(step_ms=30.0, marginal_ms=5.0, stall_share=0.6, prefill_base_ms=0.0,
                      prefill_ms_per_token=0.4, prefill_busy_ms=0.0, runs=(), nps=(), requests=0)
     loads = []
     for run in ("sweep-np1", "sweep-np2", "sweep-np8"):
@@ -138,13 +138,13 @@ def test_the_fit_recovers_the_costs_a_replay_ran_on(sweep: Store) -> None:
         sim = simulate.simulate(w, true, slots=w.np)
         jobs = w.jobs.with_columns(pl.Series("end_s", sim.server_end),
                                    pl.Series("gen_ms", (sim.server_end - sim.gen_start) * 1000),
-                                   pl.Series("prompt_ms", (sim.gen_start - sim.assign) * 1000))
+                                   pl.Series("prompt_ms", (sim.gen_start - sim.prefill_start) * 1000))
         loads.append(dataclasses.replace(w, jobs=jobs))
     got = costmodel.fit(loads)
     assert got.step_ms == pytest.approx(30.0, rel=0.02) and got.marginal_ms == pytest.approx(5.0, rel=0.02)
     assert got.prefill_ms_per_token == pytest.approx(0.4, rel=0.05)
-    # a prompt's recorded time includes its wait behind another prefill, which blurs where the stall fell
-    assert got.stall_ms_per_token == pytest.approx(0.05, rel=0.25)
+    # the busy count's token weighting does not know the slots stood still during prefills: a little off there
+    assert got.stall_share == pytest.approx(0.6, rel=0.15)
 
 
 def test_the_fit_on_a_generated_sweep_finds_the_generators_costs(sweep: Store) -> None:

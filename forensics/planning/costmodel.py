@@ -10,14 +10,15 @@ prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch
 * prefilling a batch of prompts of ``p`` tokens in all (cache excluded): ``prefill_base_ms +
   prefill_ms_per_token × p + prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same
   batch);
-* while another slot prefills, a decoding slot waits ``stall_ms_per_token`` per prompt token of that prefill.
+* while a prefill runs, the decoding slots stand still for ``stall_share`` of it (the batch that carries their next
+  token carries the prompts too: about all of it on llama-server).
 
 The fit reads each request's llama.cpp timings (prompt_ms, gen_ms) and places them on the run's clock: its
 generation ends when the request ended and lasted gen_ms, its prefill lasted prompt_ms before that.  The
 busy-slot timeline is the count of requests generating at each moment; a request's generation time per step is
 regressed on the (token-weighted) mean number of slots decoding with it, on the mean context they held (each
-slot's prompt plus what it had generated, growing linearly over its generation) and on the prompt tokens others
-prefilled meanwhile; its prefill time on the prompt tokens of its batch (the prompts that ended their prefill with
+slot's prompt plus what it had generated, growing linearly over its generation) and on how long a prefill ran
+meanwhile; its prefill time on the prompt tokens of its batch (the prompts that ended their prefill with
 it after the same time: llama-server prefills waiting prompts together) and the slots decoding meanwhile.  Non-negative
 weighted least squares, one robust pass (residuals beyond 4 MADs are dropped once).  The context term is kept only
 when it predicts left-out runs better (``uses_context``).  Vectorised: numpy step
@@ -48,7 +49,7 @@ class CostModel:
 
     step_ms: float
     marginal_ms: float
-    stall_ms_per_token: float
+    stall_share: float
     prefill_base_ms: float
     prefill_ms_per_token: float
     prefill_busy_ms: float
@@ -73,8 +74,8 @@ class CostModel:
                if self.context_ms_per_token > 0 else "")
         return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding{ctx}; "
                 f"prefill {self.prefill_ms_per_token * 1000:.0f} µs per prompt token"
-                + (f" (+{self.stall_ms_per_token * 1000:.0f} µs stall per token for the slots decoding)"
-                   if self.stall_ms_per_token > 0 else "")
+                + (f" (the decoding slots stand still for {self.stall_share * 100:.0f} % of it)"
+                   if self.stall_share > 0 else "")
                 + f"; fitted on {self.requests} requests of {len(self.runs)} runs (np "
                 + ", ".join(str(n) for n in self.nps) + ")")
 
@@ -126,7 +127,8 @@ def robust_nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
     """``nnls``, then once more without the points whose residual is beyond 4 MADs; (coefficients, r²)."""
     coef = nnls(x, y, w)
     resid = y - x @ coef
-    mad = float(np.median(np.abs(resid - np.median(resid)))) * 1.4826
+    # a floor of 1 % of a typical value: on exact data the MAD is ~0 and would drop all but a few points
+    mad = max(float(np.median(np.abs(resid - np.median(resid)))) * 1.4826, 0.01 * float(np.median(np.abs(y))))
     if mad > 0:
         keep = np.abs(resid) <= 4 * mad
         if keep.sum() >= x.shape[1] + 2 and not keep.all():
@@ -146,7 +148,7 @@ class _Rows:
     steps: np.ndarray
     gen_ms: np.ndarray
     gen_busy: np.ndarray  # token-weighted mean slots decoding during its generation (itself included)
-    gen_prompt: np.ndarray  # prompt tokens others prefilled during its generation
+    gen_prefill: np.ndarray  # milliseconds of its generation during which a prefill ran
     gen_context: np.ndarray  # mean context tokens the decoding slots held during its generation
     prompt: np.ndarray
     prompt_ms: np.ndarray
@@ -226,14 +228,14 @@ def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
     with np.errstate(invalid="ignore", divide="ignore"):
         gen_busy = np.where(tokens > 0, weighted / tokens, 1.0)
         p_dur = ph["p1"] - ph["p0"]
-        flux = np.where(p_dur > 0, ph["p"] / p_dur, 0.0)
         prompt_busy = np.where(p_dur > 0, step_integral(b0, b1, ones, ph["p0"], ph["p1"]) / p_dur, 0.0)
-    gen_prompt = step_integral(ph["p0"], ph["p1"], flux, ph["g0"], ph["g1"])
+    gen_prefill = 1000.0 * step_integral(ph["p0"], ph["p1"], np.ones(ph["p0"].shape), ph["g0"], ph["g1"],
+                                         lambda n: (n > 0).astype(float))
     gen_busy = np.where(g_dur > 0, gen_busy, 1.0)
     ctx = context_integral(b0, b1, np.concatenate([ph["ctx"], un["ctx"]]), np.concatenate([ph["n"], un["n"]]),
                            ph["g0"], ph["g1"])
     gen_context = np.where(g_dur > 0, ctx / np.where(g_dur > 0, g_dur, 1.0), ph["ctx"])
-    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prompt, gen_context, ph["p"],
+    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prefill, gen_context, ph["p"],
                  ph["prompt_ms"], prompt_busy, batch_tokens(ph["p1"], ph["prompt_ms"], ph["p"]))
 
 
@@ -263,9 +265,10 @@ def one_np_only(model: CostModel, np_: int) -> NotEnoughData | None:
 
 def _decode_xy(r: _Rows, context: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The decode regression's design, target and weights over the requests that generated two or more tokens:
-    per step, its time against 1, the extra slots decoding, others' prompt tokens per step (and the context)."""
+    per step, its time against 1, the extra slots decoding, the prefill time it sat through per step (and the
+    context)."""
     ok = (r.steps > 0) & (r.gen_ms > 0)
-    cols = [np.ones(ok.sum()), r.gen_busy[ok] - 1.0, r.gen_prompt[ok] / r.steps[ok]]
+    cols = [np.ones(ok.sum()), r.gen_busy[ok] - 1.0, r.gen_prefill[ok] / r.steps[ok]]
     if context:
         cols.append(r.gen_context[ok])
     steps = r.steps[ok]
@@ -339,7 +342,7 @@ NOISE_CLIP = (0.25, 8.0)  # a ratio outside this is a broken measurement, not no
 def _ratios(m: CostModel, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each request's measured / fitted time per decode step (with its weight) and per prefill, under ``m``."""
     x, y, wt = _decode_xy(r, True)
-    fitted = x @ np.array([m.step_ms, m.marginal_ms, m.stall_ms_per_token, m.context_ms_per_token])
+    fitted = x @ np.array([m.step_ms, m.marginal_ms, m.stall_share, m.context_ms_per_token])
     ok = fitted > 0
     pk = (r.prompt > 0) & (r.prompt_ms > 0)
     p_fit = m.prefill_base_ms + m.prefill_ms_per_token * r.prompt_batch[pk] + m.prefill_busy_ms * r.prompt_busy[pk]
@@ -386,7 +389,6 @@ def speed_of(m: CostModel, w: Workload) -> tuple[float, float]:
 def scaled(m: CostModel, decode: float, prefill: float) -> CostModel:
     """``m`` at another speed: every decode cost times ``decode``, every prefill cost times ``prefill``."""
     return dataclasses.replace(m, step_ms=m.step_ms * decode, marginal_ms=m.marginal_ms * decode,
-                               stall_ms_per_token=m.stall_ms_per_token * decode,
                                context_ms_per_token=m.context_ms_per_token * decode,
                                prefill_base_ms=m.prefill_base_ms * prefill,
                                prefill_ms_per_token=m.prefill_ms_per_token * prefill,

@@ -6,10 +6,10 @@ send) the set of decoding slots is fixed, every step costs ``step(b, C)`` and ad
 quadratic), not waited for.  A few events per request, none per token.
 
 Server: ``slots`` slots; a request takes a free slot or waits in a FIFO queue.  Prompts are prefilled in batches,
-as llama-server batches them: every prompt waiting when a prefill begins, and those that take a slot within
-``BATCH_WINDOW_S`` of its start, go through together (``prefill_base_ms + prefill_ms_per_token × Σp +
-prefill_busy_ms × b``) and hold the decoding slots back by ``stall_ms_per_token × Σp`` in all, spread over the
-prefill (and what it cannot hold right after it); then each request decodes its remaining tokens with the others.
+as llama-server batches them: a prefill begins when the decode step in progress ends (at once on an idle server),
+and every prompt waiting then, and those that take a slot within ``BATCH_WINDOW_S`` of its start, go through
+together (``prefill_base_ms + prefill_ms_per_token × Σp +
+prefill_busy_ms × b``) while the decoding slots stand still for ``stall_share`` of it; then each request decodes its remaining tokens with the others.
 
 Harness (``Harness.policy``): ``chain`` (a worker sends its item's next request ``lag_s`` after the previous one
 ended, else takes the next item ``gap_s`` later), ``fifo`` (ready requests queue for any free worker) or
@@ -42,6 +42,7 @@ class Simulated:
 
     send: np.ndarray
     assign: np.ndarray
+    prefill_start: np.ndarray
     gen_start: np.ndarray
     server_end: np.ndarray
     client_end: np.ndarray
@@ -93,14 +94,14 @@ class _Server:
         self.prefill_q: deque[int] = deque()
         self.batch: list[int] = []  # the prompts being prefilled together
         self.batch_start, self.prefill_end = -INF, INF
+        self.batch_at = INF  # when the next prefill begins: the end of the decode step in progress
         self.dec: list[int] = []
         self.rem: list[float] = []
         self.ctx: list[float] = []  # the context each decoding slot holds (its prompt, then one token per step)
         self.stall = 0.0  # the share of time the decoding slots stand still while the current prefill runs
-        self.stall_after_ms = 0.0  # the rest of the current prefill's stall, once it is over
-        self.frozen_until = -INF  # the decoding slots stand still until then (a stall longer than its prefill)
         n = prompt.size
         self.assign, self.gen_start, self.end = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        self.prefill_start = np.full(n, np.nan)  # when its prompt went into a batch (llama.cpp's prompt_ms starts)
         self.decoded = np.zeros(n)  # tokens generated: all of them, or those before the client gave up
 
     def _costs(self) -> tuple[float, float]:
@@ -111,7 +112,7 @@ class _Server:
 
     def _share(self) -> float:
         """The share of time the decoding slots advance, now (the stretch to the next event has one share)."""
-        return 0.0 if self.t < self.frozen_until else 1.0 - self.stall
+        return 1.0 - self.stall
 
     def advance(self, t: float) -> None:
         if self.dec and t > self.t:
@@ -125,13 +126,11 @@ class _Server:
 
     def next_time(self) -> float:
         t_dec = INF
-        if self.dec and self.t < self.frozen_until:
-            t_dec = self.frozen_until
-        elif self.dec and self._share() > 0:
+        if self.dec and self._share() > 0:
             s0, g = self._costs()
             m = max(min(self.rem), 0.0)
             t_dec = min(self.t + (s0 * m + g * m * m / 2.0) / 1000.0 / self._share(), self.noise.boundary(self.t))
-        return min(t_dec, self.prefill_end)
+        return min(t_dec, self.prefill_end, self.batch_at)
 
     def arrive(self, job: int, t: float) -> None:
         self.advance(t)
@@ -146,10 +145,15 @@ class _Server:
         if self.batch and t - self.batch_start <= BATCH_WINDOW_S:  # it joins the prefill that just began
             self.advance(t)
             self.batch.append(job)
+            self.prefill_start[job] = t
             self.prefill_end += self.m.prefill_ms_per_token * float(self.prompt[job]) / 1000.0
             return
         self.prefill_q.append(job)
-        if not self.batch:
+        if self.batch or self.batch_at < INF:
+            return
+        if self.dec:  # the step in progress ends first: prompts that arrive meanwhile go into the same batch
+            self.batch_at = t + self._costs()[0] / 1000.0
+        else:
             self._start_prefill(t)
 
     def _start_prefill(self, t: float) -> None:
@@ -160,21 +164,20 @@ class _Server:
         dur_ms = (self.m.prefill_base_ms + self.m.prefill_ms_per_token * p + self.m.prefill_busy_ms * b) \
             * self.noise.prefill()
         self.batch_start, self.prefill_end = t, t + dur_ms / 1000.0
-        # the decoding slots lose stall_ms_per_token x p: spread over the prefill (as the fit measures it), and what
-        # a prefill cannot hold (a stall longer than it) right after it
-        total_ms = self.m.stall_ms_per_token * p
-        self.stall = min(total_ms / dur_ms, 1.0) if dur_ms > 0 else 0.0
-        self.stall_after_ms = total_ms - self.stall * dur_ms
+        self.stall = min(self.m.stall_share, 1.0)
+        for job in self.batch:
+            self.prefill_start[job] = t
 
     def step_to(self, t: float) -> list[int]:
         """Advance to ``t`` (an event of this server's) and return the jobs that ended there."""
         self.advance(t)
         ended: list[int] = []
+        if self.batch_at <= t:
+            self.batch_at = INF
+            if self.prefill_q and not self.batch:
+                self._start_prefill(t)
         if self.batch and self.prefill_end <= t:
             batch, self.batch, self.prefill_end, self.stall = self.batch, [], INF, 0.0
-            if self.stall_after_ms > 0:
-                self.frozen_until = max(self.frozen_until, t + self.stall_after_ms / 1000.0)
-                self.stall_after_ms = 0.0
             for job in batch:
                 self.gen_start[job] = t
                 if self.steps[job] > 0:
@@ -355,7 +358,7 @@ def _result(w: Workload, server: _Server, send: np.ndarray, client_end: np.ndarr
     else:  # a server log's latency is llama.cpp's own time, from the slot taking the request
         latency = server.end - server.assign
         wall = float(np.nanmax(server.end) - np.nanmin(server.assign)) if send.size else 0.0
-    return Simulated(send, server.assign, server.gen_start, server.end, client_end, latency, gen, gave_up, sim_mask, wall,
+    return Simulated(send, server.assign, server.prefill_start, server.gen_start, server.end, client_end, latency, gen, gave_up, sim_mask, wall,
                      busy_timeline(server.assign[sim_mask], server.end[sim_mask]))
 
 

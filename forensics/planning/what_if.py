@@ -190,11 +190,28 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
         rerun = capped_rerun(p, name, cap) if n == w.np and concurrency is None else None
         if rerun is not None:
             rows[-1].update(_rerun_measured(p, name, rerun, notes))
+    if n != w.np:
+        notes += _speed_spread(p, name)
     conc = concurrency or (n if w.harness.concurrency == w.np else w.harness.concurrency)
     res = WhatIf(name, n, cap, conc, pl.DataFrame(rows, schema=TABLE_SCHEMA, orient="row"), cuts, sim.busy,
                  p.model, p.pool, p.left_out, p.folds, notes=notes)
     res.sentences = sentences(res, w.np, sim)
     return res
+
+
+SPREAD_NOTE = 1.25  # runs' speeds differing by more than this make a rerun elsewhere another question
+
+
+def _speed_spread(p: Planner, run: str) -> list[str]:
+    """A note when the pool's runs went at very different speeds: the prediction is for this run's conditions, and
+    a rerun at another np on another day may differ by that much."""
+    speeds = [p.speed(r)[0] for r in p.pool]
+    lo, hi = min(speeds), max(speeds)
+    if lo <= 0 or hi / lo <= SPREAD_NOTE:
+        return []
+    return [f"the pool's runs went at {lo:.2f}x to {hi:.2f}x the model's step times (the machine's load that day; "
+            f"{run}: {p.speed(run)[0]:.2f}x): this is {run} at another np on its own day, and a rerun on another may "
+            "differ by that much (`forensics recommend` carries that spread in its bands)"]
 
 
 def _rerun_measured(p: Planner, run: str, rerun: str, notes: list[str]) -> dict[str, Any]:
