@@ -5,8 +5,9 @@ llama-server runs one batch per step: every decoding slot adds one token, and a 
 prompt's tokens.  On a mixture-of-experts model each extra sequence in the batch costs about the same, so
 
 * one decode step with ``b`` slots decoding, holding ``C`` tokens of context between them:
-  ``step(b, C) = step_ms + marginal_ms × (b − 1) + context_ms_per_token × C`` (attention reads every slot's
-  context: a runaway that fills its slot slows every step down);
+  ``step(b, C) = step_ms + marginal_ms × (b − 1) + batch_ms × [b ≥ 2] + context_ms_per_token × C`` (a batch of
+  two or more sequences runs other kernels than one alone; attention reads every slot's context: a runaway that
+  fills its slot slows every step down);
 * prefilling a batch of prompts of ``p`` tokens in all (cache excluded): ``prefill_base_ms +
   prefill_ms_per_token × p + prefill_busy_ms × b`` (the decode tokens of the ``b`` other slots ride in the same
   batch);
@@ -64,15 +65,18 @@ class CostModel:
     decode_noise: tuple[float, ...] = ()
     prefill_noise: tuple[float, ...] = ()
     noise_epoch_s: float = 1.0
+    batch_ms: float = 0.0  # a step with two or more slots decoding costs this more (a batched kernel, not one row)
 
     def step(self, busy: int | float, context: float = 0.0) -> float:
         """Milliseconds of one decode step with ``busy`` slots decoding and ``context`` tokens held between them."""
-        return self.step_ms + self.marginal_ms * max(float(busy) - 1.0, 0.0) + self.context_ms_per_token * context
+        return (self.step_ms + self.marginal_ms * max(float(busy) - 1.0, 0.0) + self.context_ms_per_token * context
+                + (self.batch_ms if busy >= 2 else 0.0))
 
     def describe(self) -> str:
         ctx = (f" + {self.context_ms_per_token * 1000:.2f} ms per 1000 tokens of context"
                if self.context_ms_per_token > 0 else "")
-        return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding{ctx}; "
+        batched = f" (+{self.batch_ms:.1f} ms once two or more decode)" if self.batch_ms > 0 else ""
+        return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding{batched}{ctx}; "
                 f"prefill {self.prefill_ms_per_token * 1000:.0f} µs per prompt token"
                 + (f" (the decoding slots stand still for {self.stall_share * 100:.0f} % of it)"
                    if self.stall_share > 0 else "")
@@ -150,6 +154,7 @@ class _Rows:
     gen_busy: np.ndarray  # token-weighted mean slots decoding during its generation (itself included)
     gen_prefill: np.ndarray  # milliseconds of its generation during which a prefill ran
     gen_context: np.ndarray  # mean context tokens the decoding slots held during its generation
+    gen_batched: np.ndarray  # the share of its steps taken with another slot decoding too
     prompt: np.ndarray
     prompt_ms: np.ndarray
     prompt_busy: np.ndarray  # mean slots decoding during its prefill
@@ -235,7 +240,11 @@ def _rows(w: Workload, step: Callable[[np.ndarray], np.ndarray]) -> _Rows:
     ctx = context_integral(b0, b1, np.concatenate([ph["ctx"], un["ctx"]]), np.concatenate([ph["n"], un["n"]]),
                            ph["g0"], ph["g1"])
     gen_context = np.where(g_dur > 0, ctx / np.where(g_dur > 0, g_dur, 1.0), ph["ctx"])
-    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prefill, gen_context, ph["p"],
+    batched = step_integral(b0, b1, ones, ph["g0"], ph["g1"], lambda b: (b >= 2) / step(b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        gen_batched = np.where(tokens > 0, batched / tokens, 0.0)
+    return _Rows(np.clip(ph["n"] - 1, 0, None), ph["gen_ms"], gen_busy, gen_prefill, gen_context, gen_batched,
+                 ph["p"],
                  ph["prompt_ms"], prompt_busy, batch_tokens(ph["p1"], ph["prompt_ms"], ph["p"]))
 
 
@@ -268,7 +277,7 @@ def _decode_xy(r: _Rows, context: bool) -> tuple[np.ndarray, np.ndarray, np.ndar
     per step, its time against 1, the extra slots decoding, the prefill time it sat through per step (and the
     context)."""
     ok = (r.steps > 0) & (r.gen_ms > 0)
-    cols = [np.ones(ok.sum()), r.gen_busy[ok] - 1.0, r.gen_prefill[ok] / r.steps[ok]]
+    cols = [np.ones(ok.sum()), r.gen_busy[ok] - 1.0, r.gen_prefill[ok] / r.steps[ok], r.gen_batched[ok]]
     if context:
         cols.append(r.gen_context[ok])
     steps = r.steps[ok]
@@ -329,7 +338,7 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
         pre, pre_r2 = robust_nnls(xp, rows.prompt_ms[pk], np.ones(pk.sum()))
     model = CostModel(alpha, beta, float(coef[2]), float(pre[0]), float(pre[1]), float(pre[2]),
                       tuple(w.run for w in used), tuple(sorted({w.np for w in used})), len(y), dec_r2, pre_r2,
-                      float(coef[3]) if context else 0.0)
+                      float(coef[4]) if context else 0.0, batch_ms=float(coef[3]))
     dec_noise, pre_noise = _noise(model, per_run)
     gen_s = rows.gen_ms[rows.gen_ms > 0] / 1000.0
     epoch = float(np.clip(np.median(gen_s), 0.2, 30.0)) if gen_s.size else 1.0
@@ -342,7 +351,7 @@ NOISE_CLIP = (0.25, 8.0)  # a ratio outside this is a broken measurement, not no
 def _ratios(m: CostModel, r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each request's measured / fitted time per decode step (with its weight) and per prefill, under ``m``."""
     x, y, wt = _decode_xy(r, True)
-    fitted = x @ np.array([m.step_ms, m.marginal_ms, m.stall_share, m.context_ms_per_token])
+    fitted = x @ np.array([m.step_ms, m.marginal_ms, m.stall_share, m.batch_ms, m.context_ms_per_token])
     ok = fitted > 0
     pk = (r.prompt > 0) & (r.prompt_ms > 0)
     p_fit = m.prefill_base_ms + m.prefill_ms_per_token * r.prompt_batch[pk] + m.prefill_busy_ms * r.prompt_busy[pk]
@@ -389,6 +398,7 @@ def speed_of(m: CostModel, w: Workload) -> tuple[float, float]:
 def scaled(m: CostModel, decode: float, prefill: float) -> CostModel:
     """``m`` at another speed: every decode cost times ``decode``, every prefill cost times ``prefill``."""
     return dataclasses.replace(m, step_ms=m.step_ms * decode, marginal_ms=m.marginal_ms * decode,
+                               batch_ms=m.batch_ms * decode,
                                context_ms_per_token=m.context_ms_per_token * decode,
                                prefill_base_ms=m.prefill_base_ms * prefill,
                                prefill_ms_per_token=m.prefill_ms_per_token * prefill,
