@@ -5,7 +5,7 @@ The run's requests (``workload``) go through the cost model fitted on the store'
 a cap, the outputs it cuts are named by the cap finding's own rule (``findings.cut_by_cap``: normal responses at
 or above it, runaways past it), and the time saved is the run's duration times the relative saving the model
 predicts between the run with and without the cap (the model's own bias on this run cancels out); its band is the
-run time's band in seconds.
+run time's band in seconds.  At the run's own np its run time with the cap is its measured one less that saving.
 """
 
 from __future__ import annotations
@@ -187,6 +187,14 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
         base, _ = p.predict(name, n, concurrency=concurrency)
         rows.append(_saved(p, name, n, pred, base, measured_at(p, name, n, "run_s")[0]))
         cuts = _cuts(p.store, p, name, cap)
+        own = measured_at(p, name, n, "run_s")
+        if own[1] == name:  # the run as it was measured, less what the cap saves: one account of its run time
+            saved = rows[-1]
+            run_s = own[0] - saved["predicted"]
+            half = (saved["high"] - saved["predicted"]) if saved["high"] is not None else None
+            rows[0].update(predicted=run_s, low=run_s - half if half is not None else None,
+                           high=run_s + half if half is not None else None,
+                           band_pct=half / run_s * 100 if half is not None and run_s > 0 else None)
         rerun = capped_rerun(p, name, cap) if n == w.np and concurrency is None else None
         if rerun is not None:
             rows[-1].update(_rerun_measured(p, name, rerun, notes))
