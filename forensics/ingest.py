@@ -181,7 +181,24 @@ _PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
 
 
 def file_id_of(path: Path) -> str:
-    return hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return _file_id(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _file_id(cwd: str, path: str) -> str:
+    """A file's id: a digest of its resolved path (asked several times a file, so kept)."""
+    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
+    and each time costs a system call per folder of the path."""
+    return _resolved(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _resolved(cwd: str, path: str) -> Path:
+    return (Path(cwd) / path).resolve()
 
 
 def run_of(path: Path, run: str | None, root: Path | None) -> str:
@@ -191,13 +208,13 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
     parent = path.parent
     if root is not None and root.is_dir():
         try:
-            rel = path.resolve().relative_to(root.resolve())
+            rel = resolved(path).relative_to(resolved(root))
         except ValueError:
             rel = None
         if rel is not None and len(rel.parts) > 1:
             return rel.parts[-2]
         if rel is not None and len(rel.parts) == 1:
-            return root.resolve().name
+            return resolved(root).name
     if parent.name and parent.name not in {".", ""} and root is None:
         return parent.name
     return strip_exts(path.name)
@@ -976,7 +993,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     mapping, keep_going = options.mapping, options.keep_going
     files, hidden = discover(paths)
     inside = store_path.resolve()
-    files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
+    files = [(f, r) for f, r in files if not resolved(f).is_relative_to(inside)]  # the store itself
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
@@ -1002,11 +1019,15 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
                 _ingest_records(ing, store)
             finally:
                 ing.keep_going = wanted
-        ing.txn.meta_updates["files"] = ing.files_meta
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
             ing.txn.meta_updates["join_pending"] = True
-        ing.txn.commit()
+        if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
+                ing.files_meta != (store.meta("files", {}) or {}):
+            ing.txn.meta_updates["files"] = ing.files_meta
+            ing.txn.commit()
+        else:  # nothing changed: the store stays as it is, not even its manifest is written again
+            ing.txn.flush()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
         ing.result.compacted = _compact_when_many(store)
@@ -1081,15 +1102,16 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
     saying which file each repeats; a stored file that a longer newcomer repeats has its rows dropped."""
     from forensics import duplicates
 
-    new = {f.resolve() for f, _ in files}
+    new = {resolved(f) for f, _ in files}
     runs = {f: run_of(f, ing.run, root) for f, root in files}
     _forget_moved(ing, files, runs)
     in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
-    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
-    wanted = set(runs.values())
+    # a run whose files are all as the last ingest left them has nothing new to compare
+    wanted = {runs[f] for f, _ in files if not _as_stored(ing, f, runs[f])}
+    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files if runs[f] in wanted]
     cands += [duplicates.Candidate(p, str(m["run"]), True) for fid, m in ing.files_meta.items()
               if fid in in_store and m.get("run") in wanted and (p := _stored_path(m)) is not None
-              and p.resolve() not in new]
+              and resolved(p) not in new]
     dups = {d.path: d for d in duplicates.find(cands)}
     for d in dups.values():
         ing.result.files.append(FileReport(str(d.path), "duplicate", "duplicate", message=d.describe()))
@@ -1101,6 +1123,18 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
         meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
         ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
     return [(f, root) for f, root in files if f not in dups]
+
+
+def _as_stored(ing: Ingestor, path: Path, run: str) -> bool:
+    """The file is in the store under this run with the size and modification time it has now."""
+    meta = ing.files_meta.get(file_id_of(path))
+    if meta is None or meta.get("run") != run:
+        return False
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return meta.get("size_bytes") == st.st_size and meta.get("mtime") == st.st_mtime
 
 
 def _forget_moved(ing: Ingestor, files: list[tuple[Path, Path | None]], runs: dict[Path, str]) -> None:
