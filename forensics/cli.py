@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch", "mapping", "export")
+                   "demo", "watch", "mapping", "export", "planning")
 
 
 def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:

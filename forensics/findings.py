@@ -389,15 +389,22 @@ def _candidates(rec: int) -> list[int]:
     return sorted({rec, *powers})
 
 
+def cut_by_cap(cap: int) -> pl.Expr:
+    """The rows of cap.sql an output cap of ``cap`` tokens cuts: a normal response that reached it (≥ cap: it would
+    have ended at the cap) and a runaway that went past it."""
+    return (pl.col("normal") & (pl.col("gen_tokens") >= cap)) | (pl.col("runaway") & (pl.col("gen_tokens") > cap))
+
+
 def _whatif(df: pl.DataFrame, caps: list[int], rec: int, stage: str | None) -> list[dict[str, object]]:
     out = []
     gen = df["gen_tokens"].cast(pl.Float64)
     for c in caps:
         over = (gen - c).clip(lower_bound=0)
+        cut = df.filter(cut_by_cap(c))
         out.append({
             "stage": stage, "cap": c, "recommended": c == rec,
-            "normal_cut": int(df.filter(pl.col("normal") & (pl.col("gen_tokens") >= c)).height),
-            "runaways_stopped": int(df.filter(pl.col("runaway") & (pl.col("gen_tokens") > c)).height),
+            "normal_cut": int(cut["normal"].sum()),
+            "runaways_stopped": int(cut["runaway"].sum()),
             "runaways": int(df["runaway"].sum()),
             "tokens_saved": int(over.sum()),
             "seconds_saved": round(float((over * df["ms_per_token"].fill_null(0.0)).sum()) / 1000.0, 1),
@@ -490,6 +497,20 @@ def caps_by_run(store: Store, runs: str | list[str] | None = None, *, margin: fl
             "normal_cut": int((normal >= cap).sum()) if cap is not None else None,
         })
     return pl.DataFrame(rows, schema=CAPS_SCHEMA, orient="row")
+
+
+CUT_COLUMNS = ("run", "instance", "slot", "task", "item", "stage", "gen_tokens", "runaway", "normal")
+
+
+def cap_cuts(store: Store, runs: str | list[str] | None, cap: int, **overrides: float | int | None) -> pl.DataFrame:
+    """The outputs an output cap of ``cap`` tokens would have cut (``cut_by_cap``), one row each: its request, item
+    and stage, its generated tokens, and whether it was a runaway or a normal response."""
+    th = thresholds(**overrides)
+    with _session(store, runs) as s:
+        run_df = _runaways(s, th).select(*RUNAWAY_KEYS)
+        s.con.register("fx_runaways", ArrowStream(run_df))
+        df = _run_query(s.con, "cap", {})
+    return df.filter(cut_by_cap(cap)).select(CUT_COLUMNS)
 
 
 def _attempts_uncapped(con: duckdb.DuckDBPyConnection, runs: list[str]) -> bool:

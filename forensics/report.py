@@ -34,7 +34,7 @@ from forensics.store import Store
 MAX_ROWS = 200
 FOLD_CHARS = 120  # a cell longer than this is folded: its start shown, the rest behind a click
 SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"),
-            ("throughput", "Throughput"), ("metrics", "Run metrics"))
+            ("throughput", "Throughput"), ("whatif", "What if"), ("metrics", "Run metrics"))
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; padding: 0 1em; }
@@ -244,6 +244,7 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     """The report's HTML for one run or several (a sweep; none: the store's only run), and notes (what
     could not be computed)."""
     from forensics import charts  # altair only here, when a report is asked for
+    from forensics.planning.section import whatif_section
     from forensics.verdict import verdict
 
     names = runs_mod.resolve(store, runs, one=True).runs
@@ -252,7 +253,9 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     body = [_verdict_section(verdicts) if verdicts else f'<p class="na">{html.escape(why)}</p>',
             _timeline_section(store, names, charts, notes), _findings_sections(store, names, notes)]
     throughput, detail = _throughput_section(store, names, verdicts or [], charts)
-    body += [throughput, detail]
+    whatif, whatif_notes = whatif_section(store, names, charts, html_table)
+    notes += whatif_notes
+    body += [throughput, whatif, detail]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)
     title = f"Run {names[0]}" if len(names) == 1 else f"Runs {', '.join(names)}"
