@@ -5,6 +5,7 @@ Layout::
     STORE/
       _manifest.json                    # which part files make up each table (the only truth)
       <table>/run=<escaped run>/<part>.parquet
+      _meta/<key>-<txn>.json            # a meta value that grows with the store (the files read), named by it
       .lock                             # held while an ingest writes
       .txn/<id>.json                    # journal of a commit in progress
 
@@ -162,6 +163,16 @@ class Transaction:
         self.store._commit(self)
 
 
+# Meta values that grow with the store (one entry per ingested file) live in a file of their own, named in the
+# manifest: every command reads the manifest, only ingest and watch read these.
+DETACHED_META = {"files"}
+META_DIR = "_meta"
+
+
+def _is_detached(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"detached"}
+
+
 class Store:
     """A forensics store on disk."""
 
@@ -175,6 +186,7 @@ class Store:
             self._init()
         self._manifest = self._read_manifest()
         self._names_cache: dict[tuple[str, ...], list[str] | None] = {}
+        self._detached: dict[str, Any] = {}  # the detached meta value last read, by its file
         self.recovered: list[str] = []  # what the last ``lock`` found to finish or discard
         self.engine: Any = None  # None: DuckDB in this process; else the engine whose connections read it
 
@@ -241,7 +253,29 @@ class Store:
         return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
     def meta(self, key: str, default: Any = None) -> Any:
-        return self._manifest["meta"].get(key, default)
+        value = self._manifest["meta"].get(key, default)
+        if _is_detached(value):  # kept in a file of its own (DETACHED_META), read when first asked for
+            path = value["detached"]
+            if path not in self._detached:
+                try:
+                    self._detached = {path: json.loads((self.root / path).read_text(encoding="utf-8"))}
+                except (OSError, json.JSONDecodeError) as exc:
+                    raise StoreError(f"cannot read {self.root / path}: {exc}",
+                                     hint="run `forensics check` to see how to repair the store") from exc
+            return self._detached[path]
+        return value
+
+    def _stage_meta(self, txn: Transaction, key: str, value: Any, renames: list[tuple[str, str]]) -> str:
+        """Write a detached meta value as a staged file of the commit; returns its final path."""
+        final = f"{META_DIR}/{key}-{txn.txn_id}.json"
+        tmp = f"{final}.tmp-{txn.txn_id}"
+        (self.root / META_DIR).mkdir(exist_ok=True)
+        with (self.root / tmp).open("w", encoding="utf-8") as fh:
+            json.dump(value, fh, separators=(",", ":"), sort_keys=True, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        renames.append((tmp, final))
+        return final
 
     # ------------------------------------------------------------------ locking and commits
     @contextlib.contextmanager
@@ -278,20 +312,26 @@ class Store:
             manifest["parts"][table] = [p for p in manifest["parts"].get(table, []) if p not in rels]
         for table, rels in txn.adds.items():
             manifest["parts"].setdefault(table, []).extend(rels)
+        renames, dead_meta = list(txn.staged), set()
         for key, value in txn.meta_updates.items():
+            old = manifest["meta"].get(key)
+            if _is_detached(old):
+                dead_meta.add(old["detached"])
             if value is None:
                 manifest["meta"].pop(key, None)
+            elif key in DETACHED_META:
+                manifest["meta"][key] = {"detached": self._stage_meta(txn, key, value, renames)}
             else:
                 manifest["meta"][key] = value
         dead_packs = self._update_packs(manifest, txn)
-        missing = [tmp for tmp, _ in txn.staged if not (self.root / tmp).exists()]
+        missing = [tmp for tmp, _ in renames if not (self.root / tmp).exists()]
         if missing:
             raise StoreError(f"commit refused: the staged part {missing[0]} is missing",
                              hint="nothing was changed; run the ingest again")
         journal = {
             "txn": txn.txn_id,
-            "renames": txn.staged,
-            "deletes": sorted(own_removed | txn.freed | dead_packs),
+            "renames": renames,
+            "deletes": sorted(own_removed | txn.freed | dead_packs | dead_meta),
             "manifest": manifest,
             "complete": True,
         }
@@ -371,7 +411,8 @@ class Store:
                 jpath.unlink(missing_ok=True)
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)
-        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*")]:
+        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*"),
+                      *self.root.glob(f"{META_DIR}/*.tmp-*")]:
             stray.unlink(missing_ok=True)
             notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
         for stray in self.root.glob(".*.tmp-*"):

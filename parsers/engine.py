@@ -536,7 +536,8 @@ class Engine:
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
         self._key = (frames.key_after, frames.key_width)
         # a prefilter the kind's regex spells out anyway need not be checked before the regex on a routed row
-        self._needs_prefilter = [bool(k.prefilter) and not literal_implied(k.regex, k.prefilter) for k in self.kinds]
+        # (worked out for a kind when it is first routed: reading every regex up front costs a short log's parse)
+        self._needs_prefilter: list[bool | None] = [None] * len(self.kinds)
         self._routable = np.array([not k.fallback for k in self.kinds] + [False])
         self.routes = self._seed_routes()
         fields_seen: dict[str, None] = {"elapsed": None, "level": None}
@@ -733,10 +734,17 @@ class Engine:
                     break
                 kind = self.kinds[ki]
                 live &= fr.record[rows] if kind.frame == "record" else ~fr.record[rows]
-                if self.kinds[ki].prefilter and (len(cands) > 1 or self._needs_prefilter[ki]) and live.any():
+                if kind.prefilter and (len(cands) > 1 or self._prefilter_needed(ki)) and live.any():
                     live &= body.str.contains(kind.prefilter, literal=True).to_numpy()
                 if live.any():
                     self._claim(ki, fr, rows[live], body.filter(pl.Series(live)), out)
+
+    def _prefilter_needed(self, ki: int) -> bool:
+        need = self._needs_prefilter[ki]
+        if need is None:
+            kind = self.kinds[ki]
+            need = self._needs_prefilter[ki] = not literal_implied(kind.regex, kind.prefilter)
+        return need
 
     def _claim(self, ki: int, fr: Framed, idx: np.ndarray, sub: pl.Series, out: _Claims) -> None:
         """Match kind ``ki``'s regex on the rows ``idx`` (their bodies ``sub``); the matching rows become its lines."""

@@ -117,6 +117,13 @@ def _spans(store: Store) -> pl.DataFrame:
     return otel.request_rows(store, runs.all_runs(store))
 
 
+def _planning_requests(store: Store) -> pl.DataFrame:
+    from forensics import runs
+    from forensics.planning import workload
+
+    return workload.requests_frame(store, runs.all_runs(store))
+
+
 # Each named query, through the library function that runs it (findings_base is under every finding).
 CASES: dict[str, tuple[tuple[str, ...], Callable[[Store], pl.DataFrame]]] = {
     "runaways": (("findings_base", "runaways"), lambda s: findings.find_runaways(s)),
@@ -132,6 +139,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Store], pl.DataFrame]]] = {
     "missing": (("missing",), _missing),
     "failovers": (("failovers",), _failovers),
     "otel_spans": (("otel_spans",), _spans),
+    "planning_requests": (("planning_requests",), _planning_requests),
 }
 
 
