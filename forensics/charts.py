@@ -27,9 +27,21 @@ EXTENSIONS = (".html", ".png", ".svg", ".json")
 VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
 KNEE_COLOR = "#333333"
 CAP_COLOR = "#54a24b"  # not a finding's colour: the cap is advice, not a fault
-# One colour per finding, the same in every chart.
+# One colour per finding, the same in every chart; a class of a finding added to the registry gets the next
+# colour of EXTRA_COLORS (class_colors).
 CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "prompt over context": "#b279a2",
                 "failed": "#7f7f7f", "unclassified": "#c7c7c7"}
+EXTRA_COLORS = ("#72b7b2", "#eeca3b", "#9d755d", "#54a24b", "#ff9da6", "#bab0ac")
+
+
+def class_colors() -> dict[str, str]:
+    """Every request class of the registry (``findings.classes``) with its colour, then unclassified."""
+    from forensics.findings import classes
+
+    extra = iter(EXTRA_COLORS)
+    out = {c: v for c, v in CLASS_COLORS.items() if c != "unclassified"}
+    out.update({c: next(extra, "#000000") for c in classes() if c not in out})
+    return {**out, "unclassified": CLASS_COLORS["unclassified"]}
 
 
 def _data(df: pl.DataFrame) -> alt.Data:
@@ -125,7 +137,7 @@ def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
         x2="end_s:Q",
         y=alt.Y("lane:N", title=None, sort=None),
         color=alt.Color("class:N", title="request",
-                        scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+                        scale=alt.Scale(domain=list(class_colors()), range=list(class_colors().values()))),
         tooltip=tooltip,
     ).properties(title="Slot timeline", width=720, height=max(60, 18 * lanes))
 
@@ -140,7 +152,7 @@ def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
     pts = alt.Chart(_data(df)).mark_tick(thickness=2, size=14).encode(
         x=alt.X("gen_tokens:Q", title="generated tokens"),
         y=alt.Y(f"{group}:N", title=group),
-        color=alt.Color("class:N", scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+        color=alt.Color("class:N", scale=alt.Scale(domain=list(class_colors()), range=list(class_colors().values()))),
         tooltip=_tips(df, df.columns),
     )
     layers: list[Any] = [pts]

@@ -1,8 +1,9 @@
 """What changed between two runs: np, throughput, latency percentiles, findings and missing items.
 
-Every number comes from the one place that defines it: the run metrics from ``metrics.throughput``, the
-findings from ``verdict`` (itself written from ``forensics.findings``), the missing items from
-``findings.missing_items``.  This module only lines the two runs up.
+Every number comes from the one place that defines it: the run metrics from ``metrics.throughput``, each
+finding's count from its rows (the registry's ``compare`` rows, counted as ``--fail-on any`` counts them: the
+same numbers as the finding's command and the report), the missing items from ``findings.missing_items``.  This
+module only lines the two runs up.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics import findings, metrics
+from forensics import findings, metrics, registry
 from forensics import runs as runs_mod
+from forensics.session import Analysis
 from forensics.store import Store
-from forensics.verdict import RunVerdict, verdict
 
 # (column of metrics.throughput, what it is in words, higher is better?)
 METRICS: tuple[tuple[str, str, bool | None], ...] = (
@@ -32,13 +33,6 @@ METRICS: tuple[tuple[str, str, bool | None], ...] = (
     ("effective_concurrency", "effective concurrency", None),
     ("peak_busy_slots", "peak busy slots", None),
 )
-# (fact kind of the verdict, what it counts, the field holding the count or None for one per fact)
-FINDINGS: tuple[tuple[str, str, str | None], ...] = (
-    ("dead_slot", "dead slots", None),
-    ("crash", "crashes", None),
-    ("runaway", "runaways", "runaways"),
-    ("prompt_over_context", "prompts over the context", "prompts"),
-)
 LATENCIES = ("latency_p50_s", "latency_p90_s", "latency_p95_s", "latency_p99_s")
 
 
@@ -52,22 +46,28 @@ class Comparison:
     metrics: pl.DataFrame = field(default_factory=pl.DataFrame)  # metrics.throughput rows of a and b
 
 
-def _finding_counts(v: RunVerdict) -> dict[str, float]:
-    counts = {}
-    for kind, name, count_field in FINDINGS:
-        facts = [f for f in v.facts if f.kind == kind]
-        counts[name] = float(sum(f.fields.get(count_field, 0) for f in facts) if count_field else len(facts))
-    return counts
+def compared() -> list[registry.Finding]:
+    """The findings compare counts, in the registry's order."""
+    return [f for f in registry.findings() if f.compare]
 
 
-def _rows(m: pl.DataFrame, verdicts: dict[str, RunVerdict], items: pl.DataFrame, a: str,
+def finding_counts(session: Analysis, runs: list[str]) -> dict[str, dict[str, int]]:
+    """run -> compare row -> count: each finding's rows of the run, counted as its gate counts them."""
+    out: dict[str, dict[str, int]] = {r: {} for r in runs}
+    for f in compared():
+        counted = f.count_rows(session.rows(f.name, runs=runs))
+        per = dict(counted.group_by("run").len().iter_rows()) if counted.height else {}
+        for r in runs:
+            out[r][f.compare] = int(per.get(r, 0))  # type: ignore[index]
+    return out
+
+
+def _rows(m: pl.DataFrame, counts: dict[str, dict[str, int]], a: str,
           b: str) -> list[tuple[str, float | None, float | None, bool | None]]:
     ma, mb = (m.filter(pl.col("run") == r).row(0, named=True) for r in (a, b))
     rows = [(label, _num(ma.get(col)), _num(mb.get(col)), better) for col, label, better in METRICS]
-    fa, fb = _finding_counts(verdicts[a]), _finding_counts(verdicts[b])
-    rows += [(name, fa[name], fb[name], False) for _, name, _ in FINDINGS]
-    lost = dict(items.group_by("run").agg(pl.col("item").n_unique()).iter_rows())
-    rows.append(("items missing", float(lost.get(a, 0)), float(lost.get(b, 0)), False))
+    rows += [(str(f.compare), float(counts[a][str(f.compare)]), float(counts[b][str(f.compare)]), False)
+             for f in compared()]
     return rows
 
 
@@ -109,9 +109,10 @@ def compare(store: Store, a: str, b: str) -> Comparison:
     if len(runs) != 2:
         raise _same_run(a)
     m = metrics.throughput(store, runs)
-    verdicts = {v.run: v for v in verdict(store, runs)}
-    items = findings.missing_items(store, runs)
-    table = _table(_rows(m, verdicts, items, a, b), a, b)
+    with Analysis.open(store, runs) as session:
+        counts = finding_counts(session, runs)
+        items = findings.missing_items(session, runs)
+    table = _table(_rows(m, counts, a, b), a, b)
     cmp = Comparison(a, b, table, _missing_in(items, a, b), metrics=m)
     cmp.sentences = _sentences(cmp)
     return cmp
@@ -145,8 +146,8 @@ def _sentences(cmp: Comparison) -> list[str]:
     out = [f"{a} → {b}: np {pair('parallel slots (np)')}, {pair('requests')} requests.",
            f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}; wall time {pair('wall time (s)', ' s')}.",
            f"Latency p50 {pair('latency p50 (s)', ' s')}, p95 {pair('latency p95 (s)', ' s')}."]
-    found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for _, name, _ in FINDINGS
-             if (t[name][a] or 0) + (t[name][b] or 0) > 0]
+    found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for name in (str(f.compare) for f in compared())
+             if name != "items missing" and (t[name][a] or 0) + (t[name][b] or 0) > 0]
     if found:
         out.append("Findings: " + ", ".join(found) + ".")
     if cmp.items.height:

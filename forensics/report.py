@@ -120,9 +120,11 @@ def _computed(compute: Callable[[], Any]) -> tuple[Any, str]:
 
 
 # ---------------------------------------------------------------------------------------- sections
-FINDING_ANCHORS = {"dead_slot": "dead-slots", "crash": "errors", "runaway": "runaways",
-                   "prompt_over_context": "prompts-over-the-context", "missing": "missing-items",
-                   "failed": "errors", "cap": "recommended-output-cap", "ended": "missing-items"}
+def finding_anchor(kind: str) -> str | None:
+    """The report section a verdict fact of ``kind`` links to (the registry says which shows it)."""
+    from forensics import registry
+
+    return registry.section_of(kind)
 
 
 def _verdict_section(verdicts: list[Any]) -> str:
@@ -134,7 +136,7 @@ def _verdict_section(verdicts: list[Any]) -> str:
         sentences = []
         for f in v.facts:
             text = html.escape(f.sentence)
-            anchor = FINDING_ANCHORS.get(f.kind)
+            anchor = finding_anchor(f.kind)
             ev = f"{short_evidence(f.evidence)}" if f.evidence else ""
             if anchor:  # the evidence links to the finding's table
                 ev = f'<a href="#{anchor}">{html.escape(ev.strip() or "[details]")}</a>'
@@ -144,54 +146,35 @@ def _verdict_section(verdicts: list[Any]) -> str:
     return "\n".join(parts)
 
 
-def _findings_sections(store: Store, runs: list[str], notes: list[str]) -> str:
-    from forensics import findings
+def _findings_sections(session: Any, runs: list[str], notes: list[str]) -> str:
+    """One section per finding of the registry that has one, in its order, each its listing (or detail)."""
+    from forensics import findings, registry
 
-    sections: list[tuple[str, Callable[[], Any]]] = [
-        ("Dead slots", lambda: findings.find_dead_slots(store, runs)),  # type: ignore[arg-type]
-        ("Runaways", lambda: findings.find_runaways(store, runs)),  # type: ignore[arg-type]
-        ("Prompts over the context", lambda: findings.find_prompt_over_context(store, runs)),  # type: ignore[arg-type]
-        ("Missing items", lambda: _missing(store, runs)),
-        ("Recommended output cap", lambda: findings.caps_by_run(store, runs)),
-        ("Errors", lambda: findings.error_groups(store, runs)),  # type: ignore[arg-type]
-    ]
     parts = ['<h2 id="findings">Findings</h2>']
-    for title, compute in sections:
-        parts.append(f'<h3 id="{title.lower().replace(" ", "-")}">{html.escape(title)}</h3>')
+    for f in registry.findings(report=True):
+        def compute(f: registry.Finding = f) -> Any:
+            return f.detail(session, runs) if f.detail is not None else findings.rows(session, f.name, runs)
+
+        parts.append(f'<h3 id="{f.anchor}">{html.escape(f.title)}</h3>')
         res, reason = _computed(compute)
         if reason:
             parts.append(f'<p class="na">{html.escape(reason)}</p>')
-            notes.append(f"{title.lower()}: {reason}")
+            notes.append(f"{f.title.lower()}: {reason}")
         else:
             parts.append(html_table(res))
     return "\n".join(parts)
 
 
-def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
-    """Missing items of the runs that have replay records (a run with logs only has none to miss)."""
-    from forensics.replay import tables as replay_tables
-
-    con = store.connect(tables=["runs", "attempts", "items"])
-    try:
-        with_records = {r[0] for r in con.execute(
-            "SELECT DISTINCT run FROM (SELECT run FROM runs UNION ALL SELECT run FROM attempts "
-            "UNION ALL SELECT run FROM items) WHERE list_contains($runs, run)", {"runs": runs}).fetchall()}
-    finally:
-        con.close()
-    frames = [replay_tables.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs if r in with_records]
-    return pl.concat(frames, how="diagonal_relaxed").select("run", pl.all().exclude("run")) if frames else \
-        pl.DataFrame()
-
-
-def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[str]) -> str:
+def _timeline_section(session: Any, runs: list[str], charts: Any, notes: list[str]) -> str:
     from forensics import findings
 
-    classed, why = _computed(lambda: findings.classified_requests(store, runs))
+    store = session.store
+    classed, why = _computed(lambda: findings.classified_requests(session, runs))
     if why:  # the timeline is still drawn, every bar "unclassified", and the page says why
         notes.append(f"classes: {why}")
     ri = classed if classed is not None else metrics.request_intervals(
         store, runs, source=metrics.lanes_source(store, runs)).with_columns(pl.lit("unclassified").alias("class"))
-    cap_res, _ = _computed(lambda: findings.recommend_cap(store, runs))
+    cap_res, _ = _computed(lambda: findings.recommend_cap(session, runs))
     parts = ['<h2 id="timeline">Timeline</h2>',
              '<p class="note">One lane per slot, one bar per request, coloured by what the findings say of it.</p>'
              if not why else f'<p class="na">the requests could not be classified: {html.escape(why)}</p>']
@@ -244,14 +227,23 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     """The report's HTML for one run or several (a sweep; none: the store's only run), and notes (what
     could not be computed)."""
     from forensics import charts  # altair only here, when a report is asked for
-    from forensics.verdict import verdict
+    from forensics.session import Analysis
 
     names = runs_mod.resolve(store, runs, one=True).runs
+    pool = metrics.comparable_runs(store, names).runs  # the sweep the throughput section compares
+    with Analysis.open(store, sorted({*names, *pool})) as session:  # every finding computed once for all
+        return _page(session, names, charts)
+
+
+def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
+    from forensics.verdict import verdict
+
     notes: list[str] = []
-    verdicts, why = _computed(lambda: verdict(store, names))
-    body = [_verdict_section(verdicts) if verdicts else f'<p class="na">{html.escape(why)}</p>',
-            _timeline_section(store, names, charts, notes), _findings_sections(store, names, notes)]
-    throughput, detail = _throughput_section(store, names, verdicts or [], charts)
+    every, why = _computed(lambda: verdict(session))
+    verdicts = [v for v in every or [] if v.run in names]
+    body = [_verdict_section(verdicts) if every else f'<p class="na">{html.escape(why)}</p>',
+            _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes)]
+    throughput, detail = _throughput_section(session.store, names, every or [], charts)
     body += [throughput, detail]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)

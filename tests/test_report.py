@@ -98,13 +98,15 @@ def test_log_strings_are_escaped(page: Path) -> None:
 
 
 def test_a_section_that_cannot_be_computed_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from forensics import findings
+    from dataclasses import replace
+
+    from forensics import registry
     from forensics.errors import QueryError
 
-    def broken(store: object, run: str) -> pl.DataFrame:
+    def broken(session: object, runs: list[str]) -> pl.DataFrame:
         raise QueryError("error groups need <events>", hint="ingest the log again")
 
-    monkeypatch.setattr(findings, "error_groups", broken)
+    monkeypatch.setitem(registry.FINDINGS, "errors", replace(registry.FINDINGS["errors"], detail=broken))
     res = report.write_report(basic_store(tmp_path / "store"), "abs", tmp_path / "r.html")
     text = res.path.read_text(encoding="utf-8")
     assert '<p class="na">error groups need &lt;events&gt; (ingest the log again)</p>' in text

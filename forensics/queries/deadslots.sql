@@ -1,9 +1,9 @@
--- deadslots: the requests of the chosen runs in slot order, with whether each was abnormal and why;
--- only the slots that have two abnormal requests in a row (the others cannot be dead).
+-- deadslots: the dead-slot rule, whole: the requests of the chosen runs in slot order, with whether each was
+-- abnormal and why, and for each slot whether it died, where, and what it cost; only the slots that have two
+-- abnormal requests in a row (the others cannot be dead).
 --
--- findings.py turns this sequence into verdicts: a slot is dead from the first of two consecutive
--- abnormal requests on it.  A request is abnormal when (reasons listed in `why`):
---   runaway     it is in fx_runaways (the rows of runaways.sql)
+-- A request is abnormal when (reasons listed in `why`):
+--   runaway     it is in fx_runaway (the rows of runaways.sql)
 --   long        seconds > $long_factor x the median seconds of the clean requests of its baseline
 --               group, and seconds >= $min_seconds
 --   slow        ms per generated token > $slow_factor x the group's median (2 or more tokens)
@@ -12,9 +12,19 @@
 --               the client's fault) with the same error shape as the slot's previous or next request
 -- Baseline group: run and stage when stages are known, else run and instance; the whole run when the
 -- group has fewer than $min_group clean requests.
--- Parameters: $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE,
---   $few_tokens BIGINT, $few_normal DOUBLE, $min_group BIGINT.
--- Relations: fx_requests (the requests of the chosen runs), fx_runaways (run, instance, slot, task).
+-- A slot is dead from the first of two consecutive abnormal requests on it that are not two attempts of the
+-- same item and stage (a retry landing on the same slot says nothing about the slot).  Per slot (the same on
+-- each of its rows):
+--   dead_seq           seq of the request it died on (null: no such pair, the slot is not dead)
+--   dead_why           the reasons of the two requests that started it, the first's then the second's new ones
+--   requests_affected  abnormal requests from dead_seq on
+--   items_lost         items on the requests from dead_seq on whose stage never finished ok (fx_lost); null
+--                      without matches, or when none of the slot's requests has an item
+--   recovered          the slot ends with two normal requests in a row (one normal request after a dead
+--                      streak can be chance: the same "twice in a row" rule that declares it dead)
+-- Parameters: $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE, $few_tokens BIGINT,
+--   $few_normal DOUBLE, $min_group BIGINT, $has_matches BOOLEAN.
+-- Relations: fx_requests (the requests of the chosen runs), fx_runaway (run, instance, slot, task), fx_lost.
 WITH req AS NOT MATERIALIZED (
     SELECT * FROM fx_requests
 ),
@@ -48,7 +58,7 @@ flags AS (
            coalesce(b.gen_tokens <= $few_tokens AND NOT b.failed AND b.gen_med >= $few_normal, false) AS f_few,
            CASE WHEN b.failed THEN b.fail_shape END AS fail_of
     FROM base b
-    LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaways) x
+    LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaway) x
            ON x.run = b.run AND x.instance = b.instance AND x.slot = b.slot AND x.task = b.task
 ),
 -- Only a slot with two abnormal requests in a row can be dead.  A first pass over narrow rows finds
@@ -73,16 +83,62 @@ seqd AS (
            ON s.run IS NOT DISTINCT FROM f.run AND s.instance IS NOT DISTINCT FROM f.instance
           AND s.slot IS NOT DISTINCT FROM f.slot
     WINDOW w_slot AS (PARTITION BY f.run, f.instance, f.slot ORDER BY f.seq, f.line_first)
+),
+marked AS (
+    SELECT *, (f_runaway OR f_long OR f_slow OR f_few OR f_error) AS abnormal
+    FROM seqd
+),
+paired AS (
+    SELECT m.*,
+           row_number() OVER w_slot AS pos,
+           abnormal AND coalesce(lead(abnormal) OVER w_slot, false)
+           AND NOT coalesce(item IS NOT NULL AND item = lead(item) OVER w_slot
+                            AND stage IS NOT DISTINCT FROM lead(stage) OVER w_slot, false) AS starts_pair,
+           -- the reasons of this request and, after them, the next one's that this one has not
+           concat_ws(',',
+               CASE WHEN f_runaway THEN 'runaway' END, CASE WHEN f_long THEN 'long' END,
+               CASE WHEN f_slow THEN 'slow' END, CASE WHEN f_few THEN 'few_tokens' END,
+               CASE WHEN f_error THEN 'same_error' END,
+               CASE WHEN lead(f_runaway) OVER w_slot AND NOT f_runaway THEN 'runaway' END,
+               CASE WHEN lead(f_long) OVER w_slot AND NOT f_long THEN 'long' END,
+               CASE WHEN lead(f_slow) OVER w_slot AND NOT f_slow THEN 'slow' END,
+               CASE WHEN lead(f_few) OVER w_slot AND NOT f_few THEN 'few_tokens' END,
+               CASE WHEN lead(f_error) OVER w_slot AND NOT f_error THEN 'same_error' END) AS pair_why
+    FROM marked m
+    WINDOW w_slot AS (PARTITION BY run, instance, slot ORDER BY seq, line_first)
+),
+slots AS (
+    SELECT run, instance, slot, count(*) AS n,
+           min(pos) FILTER (WHERE starts_pair) AS dead_pos,
+           max(pos) FILTER (WHERE abnormal) AS last_bad,
+           count(item) AS with_item
+    FROM paired GROUP BY run, instance, slot
+),
+verdict AS (
+    SELECT p.run, p.instance, p.slot,
+           any_value(p.seq) FILTER (WHERE p.pos = s.dead_pos) AS dead_seq,
+           any_value(p.pair_why) FILTER (WHERE p.pos = s.dead_pos) AS dead_why,
+           count(*) FILTER (WHERE p.abnormal AND p.pos >= s.dead_pos) AS requests_affected,
+           CASE WHEN $has_matches AND any_value(s.with_item) > 0 THEN
+               count(DISTINCT p.item) FILTER (WHERE p.pos >= s.dead_pos AND l.item IS NOT NULL) END AS items_lost,
+           any_value(s.n) - any_value(s.last_bad) >= 2 AS recovered
+    FROM paired p
+    JOIN slots s ON s.run IS NOT DISTINCT FROM p.run AND s.instance IS NOT DISTINCT FROM p.instance
+                AND s.slot IS NOT DISTINCT FROM p.slot
+    LEFT JOIN fx_lost l ON l.run = p.run AND l.item = p.item AND l.stage IS NOT DISTINCT FROM p.stage
+    GROUP BY p.run, p.instance, p.slot
 )
-SELECT run, instance, slot, seq, task, item, stage, gen_tokens, round(seconds, 3) AS seconds,
-       stop_reason, http_status,
-       (f_runaway OR f_long OR f_slow OR f_few OR f_error) AS abnormal,
+SELECT p.run, p.instance, p.slot, p.seq, p.task, p.item, p.stage, p.gen_tokens, round(p.seconds, 3) AS seconds,
+       p.stop_reason, p.http_status, p.abnormal,
        concat_ws(',',
-           CASE WHEN f_runaway THEN 'runaway' END,
-           CASE WHEN f_long THEN 'long' END,
-           CASE WHEN f_slow THEN 'slow' END,
-           CASE WHEN f_few THEN 'few_tokens' END,
-           CASE WHEN f_error THEN 'same_error' END) AS why,
-       t_start, elapsed_start_s, path, line_first, line_last
-FROM seqd
-ORDER BY run, instance, slot, seq, line_first
+           CASE WHEN p.f_runaway THEN 'runaway' END,
+           CASE WHEN p.f_long THEN 'long' END,
+           CASE WHEN p.f_slow THEN 'slow' END,
+           CASE WHEN p.f_few THEN 'few_tokens' END,
+           CASE WHEN p.f_error THEN 'same_error' END) AS why,
+       p.t_start, p.elapsed_start_s, p.path, p.line_first, p.line_last,
+       v.dead_seq, v.dead_why, v.requests_affected, v.items_lost, v.recovered
+FROM paired p
+JOIN verdict v ON v.run IS NOT DISTINCT FROM p.run AND v.instance IS NOT DISTINCT FROM p.instance
+              AND v.slot IS NOT DISTINCT FROM p.slot
+ORDER BY p.run, p.instance, p.slot, p.seq, p.line_first

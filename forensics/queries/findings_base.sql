@@ -11,7 +11,8 @@
 --   err_shape  the error text with digits masked (to compare errors)
 --   prompt_rejected  its error says the prompt did not fit the context (every build's wording)
 --   clean      a request that ended by itself or at its cap, without error: the baselines use these
--- Parameters: $runs VARCHAR[].  Relations: requests, instances, fx_matches.
+-- Parameters: $runs VARCHAR[].  Relations: fx_live_requests (the requests, with the running ones' progress in
+-- live mode), instances, fx_matches.
 CREATE OR REPLACE TEMP TABLE fx_requests AS
 WITH inst AS (
     SELECT run, instance, any_value(n_ctx_slot) AS i_ctx_slot, any_value(n_ctx) AS i_ctx,
@@ -41,7 +42,7 @@ SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage,
         AND coalesce(r.stop_reason, 'unknown') IN ('eos', 'word', 'limit', 'unknown')
         AND NOT coalesce(r.truncated, false) AND NOT coalesce(r.context_shift, false)
         AND r.gen_tokens IS NOT NULL) AS clean
-FROM requests r
+FROM fx_live_requests r
 LEFT JOIN inst i USING (run, instance)
 LEFT JOIN m ON m.run = r.run AND m.instance = r.instance AND m.slot = r.slot AND m.task = r.task
 WHERE r.run IN (SELECT unnest($runs))
