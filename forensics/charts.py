@@ -64,8 +64,11 @@ def _x_axis(by: str, values: list[Any]) -> alt.X:
 
 
 def _knee(scaling: metrics.Scaling) -> tuple[float | None, str]:
-    """The knee the sentence talks about (the fitted model's when there is one), and its label."""
-    x = scaling.model_knee if scaling.model_sentence else scaling.knee
+    """The knee the sentence talks about (always at a measured value of ``by``), and its label."""
+    x = scaling.knee
+    if scaling.knee_between is not None:
+        lo, hi = scaling.knee_between
+        return x, f"knee: between {scaling.by} {lo:g} and {hi:g}"
     return x, (f"knee: above {scaling.by} {x:g}" if x is not None else "")
 
 
@@ -81,11 +84,16 @@ def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
                  alt.Tooltip("effective_concurrency:Q", title="effective concurrency", format=".2f")])
     layers: list[Any] = [line]
     knee_x, label = _knee(scaling)
-    if knee_x is not None:
+    if scaling.knee_between is not None:  # the knee lies between two measured values: shade them, no line
+        lo, hi = scaling.knee_between
+        band = alt.Chart(_data(pl.DataFrame({"x": [lo], "x2": [hi], "label": [label]})))
+        layers += [band.mark_rect(color=KNEE_COLOR, opacity=0.12).encode(x="x:Q", x2="x2:Q", tooltip=["label:N"]),
+                   band.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
+    elif knee_x is not None:
         mark = alt.Chart(_data(pl.DataFrame({"x": [knee_x], "label": [label]})))
         layers += [mark.mark_rule(color=KNEE_COLOR, strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]),
                    mark.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
-    sentence = scaling.model_sentence or scaling.sentence
+    sentence = scaling.sentence
     return alt.layer(*layers).properties(title={"text": f"Throughput vs {by}", "subtitle": sentence},
                                          width=560, height=300)
 
@@ -214,8 +222,13 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
     if kind not in KINDS:
         raise InputError(f"unknown chart kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
     if kind in {"throughput", "latency"}:
-        m = metrics.throughput(store, runs, source=source)
-        sc = metrics.scaling(m, by=by, store=store)
+        from forensics.sweep import throughput_fit
+
+        res = throughput_fit(store, runs, by=by, source=source)  # the same healthy runs as the CLI and report
+        if res.scaling is None:
+            raise InputError("no healthy run to draw", hint="; ".join(f"{r}: {w}" for r, w in
+                                                                   res.comparable.left_out.items())[:300] or None)
+        sc = res.scaling
         return throughput_chart(sc) if kind == "throughput" else latency_chart(sc)
     from forensics import findings
 

@@ -33,6 +33,7 @@ METRICS: tuple[tuple[str, str, bool | None], ...] = (
     ("effective_concurrency", "effective concurrency", None),
     ("peak_busy_slots", "peak busy slots", None),
 )
+USEFUL = "throughput of normal requests (tokens/s)"  # the tokens no finding claims, over the wall time
 LATENCIES = ("latency_p50_s", "latency_p90_s", "latency_p95_s", "latency_p99_s")
 
 
@@ -62,13 +63,38 @@ def finding_counts(session: Analysis, runs: list[str]) -> dict[str, dict[str, in
     return out
 
 
-def _rows(m: pl.DataFrame, counts: dict[str, dict[str, int]], a: str,
+def useful_tokens(session: Analysis, runs: list[str]) -> dict[str, tuple[int, int]]:
+    """run -> (generated tokens of its normal requests, of all its server requests), by the findings' classes."""
+    session.prepare(runs)
+    session.register("fx_classes", findings.request_classes(session, runs))
+    df = session.query("class_tokens", runs=runs)
+    out: dict[str, tuple[int, int]] = {}
+    for run in runs:
+        mine = df.filter(pl.col("run") == run)
+        out[run] = (int(mine.filter(pl.col("class") == "normal")["gen_tokens"].sum()), int(mine["gen_tokens"].sum()))
+    return out
+
+
+def _rows(m: pl.DataFrame, counts: dict[str, dict[str, int]], useful: dict[str, tuple[int, int]], a: str,
           b: str) -> list[tuple[str, float | None, float | None, bool | None]]:
+    """One row per metric and finding.  Raw throughput is "better" only when neither run's tokens include
+    what the findings claim (a runaway's or a dead slot's tokens are not throughput): the normal requests'
+    throughput says which is better then."""
     ma, mb = (m.filter(pl.col("run") == r).row(0, named=True) for r in (a, b))
-    rows = [(label, _num(ma.get(col)), _num(mb.get(col)), better) for col, label, better in METRICS]
+    tainted = any(useful[r][0] < useful[r][1] for r in (a, b))
+    rows = []
+    for col, label, better in METRICS:
+        rows.append((label, _num(ma.get(col)), _num(mb.get(col)), None if tainted and col == "gen_tok_per_s" else better))
+        if col == "gen_tok_per_s":
+            rows.append((USEFUL, _per_s(useful[a][0], ma), _per_s(useful[b][0], mb), True))
     rows += [(str(f.compare), float(counts[a][str(f.compare)]), float(counts[b][str(f.compare)]), False)
              for f in compared()]
     return rows
+
+
+def _per_s(tokens: int, m: dict[str, object]) -> float | None:
+    wall = _num(m.get("wall_s"))
+    return tokens / wall if wall else None
 
 
 def _num(v: object) -> float | None:
@@ -111,8 +137,9 @@ def compare(store: Store, a: str, b: str) -> Comparison:
     m = metrics.throughput(store, runs)
     with Analysis.open(store, runs) as session:
         counts = finding_counts(session, runs)
+        useful = useful_tokens(session, runs)
         items = findings.missing_items(session, runs)
-    table = _table(_rows(m, counts, a, b), a, b)
+    table = _table(_rows(m, counts, useful, a, b), a, b)
     cmp = Comparison(a, b, table, _missing_in(items, a, b), metrics=m)
     cmp.sentences = _sentences(cmp)
     return cmp
@@ -143,8 +170,13 @@ def _sentences(cmp: Comparison) -> list[str]:
         r = t[metric]
         return f"{_fmt(r[a])}{unit} → {_fmt(r[b])}{unit}{_pct(r['change_pct'])}"
 
+    raw = t["throughput (generated tokens/s)"]
+    normal = t[USEFUL]
+    of_normal = f", {pair(USEFUL, ' tok/s')} from normal requests" if raw["better"] == "" and \
+        (normal[a], normal[b]) != (raw[a], raw[b]) and normal[a] is not None else ""
     out = [f"{a} → {b}: np {pair('parallel slots (np)')}, {pair('requests')} requests.",
-           f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}; wall time {pair('wall time (s)', ' s')}.",
+           f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}{of_normal}; wall time "
+           f"{pair('wall time (s)', ' s')}.",
            f"Latency p50 {pair('latency p50 (s)', ' s')}, p95 {pair('latency p95 (s)', ' s')}."]
     found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for name in (str(f.compare) for f in compared())
              if name != "items missing" and (t[name][a] or 0) + (t[name][b] or 0) > 0]

@@ -268,7 +268,7 @@ register(Finding(
     "runaway", "Runaways", "Requests whose output ran away: far more tokens than normal, reached the slot's context, "
     "or cut at the training-context cap; with why and what followed.", query="runaways", columns=RUNAWAY_COLUMNS,
     sentence=S.runaway, request_class="runaway", compare="runaways", watch=True, command="runaways",
-    options=RUNAWAY_OPTIONS, examples=(
+    options=RUNAWAY_OPTIONS, breaks_throughput=True, examples=(
         ("forensics runaways run-42", "the outputs that ran away in run-42, why, and what followed"),
         ("forensics runaways --fail-on any", "exit 1 when any run has one (a CI gate)")),
     doc="forensics-runaways-run"))
@@ -277,6 +277,16 @@ register(Finding(
     "refused, cut to fit, or filling it before the output grew.", query="prompt_over_context",
     columns=PROMPT_COLUMNS, sentence=S.prompt_over_context, request_class="prompt over context",
     compare="prompts over the context", doc="prompts-over-the-context"))
+register(Finding(
+    "kv_stall", "KV-cache stalls", "Server instances whose KV cache ran out of room and kept them retrying "
+    "smaller batches (hundreds of 'failed to find free space in the KV cache' lines).", query="kv_stall",
+    tables=("events",), sentence=S.kv_stall, compare="KV-cache stalls", watch=True, breaks_throughput=True,
+    options=("stall_lines",), doc="kv-cache-stalls"))
+register(Finding(
+    "failover", "Failovers", "Attempts that failed on one server (a client timeout, an HTTP error) and were sent "
+    "again to another, from the harness's records.", query="failovers", tables=("attempts",),
+    reads_requests=False, sentence=S.failover, compare="failovers", breaks_throughput=True, drop_empty=(),
+    doc="failovers"))
 register(Finding(
     "missing", "Missing items", "Expected items x stages of replay runs that never finished ok.",
     query="missing_items", tables=("items",), reads_requests=False, sentence=S.missing,
@@ -299,6 +309,9 @@ register(Finding(
     "ended", "Runs that did not complete", "Runs whose harness says they did not complete (killed by a watchdog, "
     "crashed).", query="run_ends", tables=("runs",), reads_requests=False, sentence=S.ended,
     breaks_throughput=True, report=False, shown_in="missing", doc="the-verdict"))
+register(Finding(
+    "cost", "Cost", "what the findings cost each run: its span against what its requests needed",
+    query="run_cost", uses=("dead_slot_sequence", "runaway"), sentence=S.cost, report=False, doc="the-cost"))
 register(Finding(
     "errors", "Errors", "Server-side errors, crashes and warnings grouped by message shape (numbers, ids and quoted "
     "words masked), with where they first and last appeared and the lines to read.", query="errors",

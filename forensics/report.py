@@ -193,25 +193,25 @@ def _timeline_section(session: Any, runs: list[str], charts: Any, notes: list[st
 def _throughput_section(store: Store, runs: list[str], verdicts: list[Any], charts: Any) -> tuple[str, str]:
     """The throughput of the comparable runs (with which they are and which were left out), and the named
     runs' own metrics."""
-    from forensics.verdict import comparable_healthy_runs
+    from forensics.sweep import throughput_fit
 
-    comp, why = _computed(lambda: comparable_healthy_runs(store, runs, verdicts))
-    if comp is None:  # the verdicts could not be computed: pool the sweep, and say broken runs may be in it
-        comp = metrics.comparable_runs(store, runs)
-        comp.basis += f" (broken runs could not be told apart: {why})"
-    m_all = metrics.throughput(store, comp.runs) if comp.runs else pl.DataFrame()
-    parts = ['<h2 id="throughput">Throughput</h2>',
-             f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>"]
-    if comp.left_out:
-        parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
-            f"<li>{html.escape(r)}: {html.escape(why)}</li>" for r, why in comp.left_out.items()) + "</ul>")
-    if m_all.height:
-        sc = metrics.scaling(m_all, by="np")
-        parts.append(html_table(sc.table))
-        parts.append(f"<p><b>{html.escape(sc.model_sentence or sc.sentence)}</b></p>")
-        if sc.table.height >= 2:
-            parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
-            parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
+    res, why = _computed(lambda: throughput_fit(store, runs, known=verdicts))
+    parts = ['<h2 id="throughput">Throughput</h2>']
+    if res is None:
+        parts.append(f'<p class="na">{html.escape(why)}</p>')
+    else:
+        comp = res.comparable
+        parts.append(f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>")
+        if comp.left_out:
+            parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
+                f"<li>{html.escape(r)}: {html.escape(w)}</li>" for r, w in comp.left_out.items()) + "</ul>")
+        sc = res.scaling
+        if sc is not None:
+            parts.append(html_table(sc.table))
+            parts.append(f"<p><b>{html.escape(sc.sentence)}</b></p>")
+            if sc.table.height >= 2:
+                parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
+                parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
     own = metrics.throughput(store, runs)
     detail = ['<h2 id="metrics">Run metrics</h2>']
     for row in own.iter_rows(named=True):

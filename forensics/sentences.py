@@ -19,8 +19,9 @@ import polars as pl
 
 from forensics.timefmt import seconds, spoken
 
-# What a fact is to the reader: a finding makes the run unhealthy; a note is said but does not.
-FINDING, NOTE = "finding", "note"
+# What a fact is to the reader: a finding makes the run unhealthy; advice (the cap) and notes are said but do
+# not.  Notes come after everything else.
+FINDING, ADVICE, NOTE = "finding", "advice", "note"
 
 
 @dataclass
@@ -310,7 +311,7 @@ def cap(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         else f"{n} of the {stoppable} runaways"
     sentence = f"{set_}; a cap of {c['cap']} would have stopped {which} and {touched}."
     return [Fact("cap", sentence, [], {k: c[k] for k in ("cap", "capped", "runaways_stopped", "normal_cut")},
-                 NOTE)]
+                 ADVICE)]
 
 
 def ended(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
@@ -323,6 +324,103 @@ def ended(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     return out
 
 
+# ---------------------------------------------------------------------------------------- stalls, failovers
+def kv_stall(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
+    """``The KV cache of the server ran out of room: 450 lines of `failed to find free space ...` ...``."""
+    out = []
+    for r in rows.iter_rows(named=True):
+        first = stamp_of(r["first_ts"], r["first_elapsed_s"], r["line_no"])
+        last = stamp_of(r["last_ts"], r["last_elapsed_s"], r["line_last"])
+        took = _between(r)
+        during = f" while {plural(r['requests'], 'request')} {'was' if r['requests'] == 1 else 'were'} in flight" \
+            + (f" ({r['failed']} failed)" if r["failed"] else "") if r["requests"] else ""
+        words = str(r["message"]).split(",")[0].strip()[:80]
+        who = ctx.server(r["instance"]).replace("The server", "the server")
+        sentence = (f"The KV cache of {who} ran out of room: {count(r['lines'])} lines of `{words}` from "
+                    f"{spoken(first).removeprefix('at ')} to {spoken(last).removeprefix('at ')}{took}{during}: the "
+                    f"server stalled retrying smaller batches; raise -c, lower -np, or cap the outputs.")
+        out.append(Fact("kv_stall", sentence, [r["evidence"]],
+                        {"instance": r["instance"], "lines": r["lines"], "requests": r["requests"],
+                         "seconds": _seconds_between(r)}))
+    return out
+
+
+def stamp_of(ts: Any, elapsed: Any, line: Any) -> str:
+    from forensics.timefmt import stamp
+
+    return stamp(ts, elapsed, f"line {line}")
+
+
+def _seconds_between(r: dict[str, Any]) -> float | None:
+    if r.get("first_ts") is not None and r.get("last_ts") is not None:
+        return round((r["last_ts"] - r["first_ts"]).total_seconds(), 1)
+    if r.get("first_elapsed_s") is not None and r.get("last_elapsed_s") is not None:
+        return round(r["last_elapsed_s"] - r["first_elapsed_s"], 1)
+    return None
+
+
+def _between(r: dict[str, Any]) -> str:
+    secs = _seconds_between(r)
+    return f" ({seconds(secs)})" if secs else ""
+
+
+def failover(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
+    """``The client timed out on `main` 2 times (after 30.0 s each) and failed over to `backup`: ...``."""
+    if rows.height == 0:
+        return []
+    parts = []
+    for (src, dst), g in rows.group_by(["from_server", "to_server"], maintain_order=True):
+        how = g["outcome"].fill_null("failed").value_counts(sort=True).rows()
+        what = " and ".join(f"{_outcome(o, n)}" for o, n in how)
+        waited = g["waited_s"].drop_nulls()
+        after = f" (after {span(f'{waited.min():.1f}', f'{waited.max():.1f}')} s)" if waited.len() else ""
+        parts.append(f"{what} on `{src}`{after} and failed over to `{dst}`")
+    first = rows.row(0, named=True)
+    items = names([f"{i}/{st}" for i, st in rows.select("item", "stage").iter_rows()], limit=4)
+    lost = float(rows["waited_s"].drop_nulls().sum())
+    served = f"; attempts finished ok: {first['served']}" if first["served"] else ""
+    sentence = (f"The client {'; '.join(parts)} ({items}), {seconds(lost)} spent waiting on the failed "
+                f"attempts{served}.")
+    return [Fact("failover", sentence[0].upper() + sentence[1:], [e for e in rows["evidence"].to_list() if e],
+                 {"failovers": rows.height, "timeouts": first["timeouts"], "waited_s": round(lost, 1),
+                  "served": first["served"]})]
+
+
+def _outcome(outcome: str, n: int) -> str:
+    word = {"timeout": "timed out", "failed": "failed", "cancelled": "cancelled", "parse_error": "got unparsable "
+            "output"}.get(outcome, outcome)
+    return f"{word} {'once' if n == 1 else 'twice' if n == 2 else f'{n} times'}"
+
+
+# ---------------------------------------------------------------------------------------- cost
+def cost(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
+    """What the findings cost the run: the time lost against what its requests needed, the items and stages
+    lost, the tokens spent on runaways (said only when something went wrong)."""
+    if not any(f.severity == FINDING for f in ctx.facts):
+        return []
+    parts, fields = [], {}
+    if rows.height:
+        r = rows.row(0, named=True)
+        run_s, need_s = r["run_s"], r["needed_s"]
+        if run_s and need_s and run_s - need_s > max(1.0, 0.05 * need_s):
+            parts.append(f"the run took {seconds(run_s)} where its requests needed about {seconds(need_s)} at "
+                         f"normal speed ({seconds(run_s - need_s)} lost)")
+            fields |= {"run_s": run_s, "needed_s": need_s, "lost_s": round(run_s - need_s, 1)}
+    gone = ctx.rows("missing")
+    if gone.height:
+        n_items = gone["item"].n_unique()
+        parts.append(f"{plural(n_items, 'item')} lost ({plural(gone.height, 'item x stage')})")
+        fields |= {"items_lost": n_items, "stages_lost": gone.height}
+    ran = ctx.rows("runaway")
+    if ran.height:
+        tokens = int(ran["gen_tokens"].fill_null(0).sum())
+        parts.append(f"{count(tokens)} tokens spent on {plural(ran.height, 'runaway')}")
+        fields |= {"runaway_tokens": tokens}
+    if not parts:
+        return []
+    return [Fact("cost", "Cost: " + "; ".join(parts) + ".", [], fields, ADVICE)]
+
+
 def healthy(stats: dict[str, Any]) -> Fact:
     n, slots = stats.get("requests", 0), stats.get("slots", 0)
     where = f" on {plural(slots, 'slot')}" if slots else ""
@@ -331,5 +429,5 @@ def healthy(stats: dict[str, Any]) -> Fact:
     return Fact("healthy", text, [], {"requests": n})
 
 
-__all__ = ["FINDING", "NOTE", "Fact", "Locations", "RunContext", "count", "names", "plural", "seconds",
+__all__ = ["ADVICE", "FINDING", "NOTE", "Fact", "Locations", "RunContext", "count", "names", "plural", "seconds",
            "short_evidence", "span"]

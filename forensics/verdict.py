@@ -85,10 +85,10 @@ def _facts(run: str, by_run: _ByRun, ctx: RunContext) -> list[Fact]:
     for f in registry.findings():
         if f.sentence is not None:
             ctx.facts += f.sentence(by_run.of(f.name, run), ctx)
+    notes = [fact for fact in ctx.facts if fact.severity == NOTE]
     if all(fact.severity != FINDING for fact in ctx.facts):
-        notes = [fact for fact in ctx.facts if fact.kind != "cap"]
         return [healthy(ctx.stats), *notes]
-    return ctx.facts
+    return [fact for fact in ctx.facts if fact.severity != NOTE] + notes
 
 
 def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
@@ -126,7 +126,7 @@ def comparable_healthy_runs(store: Store, runs: list[str], known: list[RunVerdic
     def breaks(f: Fact) -> bool:
         return f.kind in kinds and f.severity == FINDING
 
-    broken = {r: "; ".join(f.sentence for f in v.facts if breaks(f)) for r, v in have.items()
+    broken = {r: " ".join(f.sentence for f in v.facts if breaks(f)) for r, v in have.items()
               if any(breaks(f) for f in v.facts)}
     return metrics.comparable_runs(store, runs, broken=broken)
 

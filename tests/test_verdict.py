@@ -35,19 +35,32 @@ def test_a_dead_slot_says_when_and_how(store: Store) -> None:
     # slot 1 from its 5th request runs 1000 ms per token: requests of 88..395 tokens take 88.3..395.3 s where its
     # first four took 3.65..10.44 s; it died 1.0 + (8.45 + 8.7 + 3.65 + 10.436) + 4 x 0.05 = 32.436 s in
     [v] = verdict(store, "dead")
-    assert v.paragraph(evidence=False) == (
+    assert v.paragraph(evidence=False).startswith(
         "dead: Slot 1 of `main` died 32.4 s after the server started and never recovered: 6 requests ran abnormally "
-        "slowly (88.3–395.3 s vs 3.6–10.4 normal).")
+        "slowly (88.3–395.3 s vs 3.6–10.4 normal). Cost: ")
     # the first request it died on is the 14th written (i = 13): lines 10 + 13 x 7 = 101 to 106
     assert v.facts[0].evidence[0] == "server.log:101-106"
     assert not v.healthy
+
+
+def test_the_cost_of_a_dead_slot(store: Store) -> None:
+    """Had slot 1 stayed normal, the run would have ended when its busiest slot did: slot 2, whose ten requests
+    (0.3 s of prompt + tokens x ms per token each, 0.05 s apart) run from 2.0 s to 85.604 s; slot 1's own
+    ten would have ended at 72.1 s.  Its last slow request ended at 1467.486 s: 1381.9 s lost."""
+    [v] = verdict(store, "dead")
+    cost = v.facts[-1]
+    assert cost.kind == "cost"
+    assert cost.fields == {"run_s": 1467.486, "needed_s": 85.604, "lost_s": 1381.9}
+    assert cost.sentence == ("Cost: the run took 24 min 27 s where its requests needed about 1 min 26 s at normal "
+                             "speed (23 min 02 s lost).")
 
 
 def test_a_runaway_and_the_cap_that_would_have_stopped_it(store: Store) -> None:
     # slot 0's 4th request filled the 4096-token context with 3900 tokens; the normal ones stay at or under 362;
     # no request set n_predict, and any cap above the normal ones stops the one runaway and cuts no normal one
     [v] = verdict(store, "one-runaway")
-    assert [f.kind for f in v.facts] == ["runaway", "cap"]
+    assert [f.kind for f in v.facts] == ["runaway", "cap", "cost"]
+    assert v.facts[2].fields["runaway_tokens"] == 3900
     assert v.facts[0].sentence == "1 output ran to the context (3900 tokens where normal responses stay under 362)."
     assert v.facts[1].fields == {"cap": v.facts[1].fields["cap"], "capped": False, "runaways_stopped": 1,
                                  "normal_cut": 0}

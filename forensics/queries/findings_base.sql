@@ -3,6 +3,9 @@
 -- One row per request of the chosen runs ($runs) in the store's `requests` view, with its item and stage
 -- from `fx_matches` (the matches table when it has rows, else an empty relation: stage is then null), the
 -- request columns the findings read, and derived columns:
+--   gen_tokens the generated tokens the log gives; when it gives none (a request the server ended with an
+--              error prints no timings), n_past at release - the prompt: what the output added to the slot's
+--              context before it stopped (gen_logged: as logged)
 --   seconds    total_ms / 1000, else t_end - t_start, else elapsed_end_s - elapsed_start_s
 --   tpot_ms    gen_ms / gen_tokens (per generated token; null below 2 tokens)
 --   ctx_slot   slot context: the request's n_ctx_slot, else the instance's n_ctx_slot, else n_ctx / n_slots
@@ -10,6 +13,12 @@
 --   bgroup     baseline group: 'stage:<stage>' when the stage is known, else 'instance:<instance>'
 --   err_shape  the error text with digits masked (to compare errors)
 --   prompt_rejected  its error says the prompt did not fit the context (every build's wording)
+--   ctx_error  its error says generation hit the end of the context ("context shift is disabled": HTTP 500 of
+--              b3812-b5408 with --no-context-shift, the output filled the context; not the prompt)
+--   ctx_full   it reached the slot's context by the server's own word: a context shift, stop reason `context`,
+--              "context shift is disabled", or `truncated` at release unless the prompt was truncated (b3600-b6722
+--              also set `truncated` for a prompt cut to fit, whatever the output did); the findings add
+--              n_past at release within $ctx_slack of the context
 --   clean      a request that ended by itself or at its cap, without error: the baselines use these
 -- Parameters: $runs VARCHAR[].  Relations: fx_live_requests (the requests, with the running ones' progress in
 -- live mode), instances, fx_matches.
@@ -24,7 +33,10 @@ m AS (
     FROM fx_matches GROUP BY run, instance, slot, task
 )
 SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage,
-       r.prompt_tokens, r.gen_tokens, r.gen_ms,
+       r.prompt_tokens,
+       coalesce(r.gen_tokens, CASE WHEN r.n_past_end > r.prompt_tokens THEN r.n_past_end - r.prompt_tokens END)
+           AS gen_tokens,
+       r.gen_tokens AS gen_logged, r.gen_ms,
        coalesce(r.total_ms / 1000.0, epoch(r.t_end) - epoch(r.t_start),
                 r.elapsed_end_s - r.elapsed_start_s) AS seconds,
        CASE WHEN r.gen_tokens >= 2 AND r.gen_ms IS NOT NULL THEN r.gen_ms / r.gen_tokens END AS tpot_ms,
@@ -34,6 +46,10 @@ SELECT r.run, r.instance, r.path, r.slot, r.task, r.seq, m.item, m.stage,
        coalesce(r.prompt_truncated, false) AS prompt_truncated,
        coalesce(regexp_matches(lower(r.error), 'exceeds the available context size|input prompt is too big'
                                || '|is larger than the max context size|prompt is too long'), false) AS prompt_rejected,
+       coalesce(regexp_matches(lower(r.error), 'context shift is disabled'), false) AS ctx_error,
+       (coalesce(r.context_shift, false) OR coalesce(r.stop_reason = 'context', false)
+        OR coalesce(regexp_matches(lower(r.error), 'context shift is disabled'), false)
+        OR (coalesce(r.truncated, false) AND NOT coalesce(r.prompt_truncated, false))) AS ctx_full,
        r.t_start, r.elapsed_start_s, r.line_first, r.line_last,
        coalesce(epoch(r.t_start), r.elapsed_start_s) AS start_key,
        CASE WHEN m.stage IS NOT NULL THEN 'stage:' || m.stage ELSE 'instance:' || r.instance END AS bgroup,
