@@ -285,14 +285,17 @@ def save(chart: alt.Chart, path: Path | str, *, title: str = "chart") -> Path:
     if ext not in EXTENSIONS:
         raise InputError(f"cannot write a chart as {ext or 'a file without extension'}", path=str(path),
                          hint=f"use one of {', '.join(EXTENSIONS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from forensics.outfile import checked_target, write_whole
+
+    checked_target(path, "chart", f"chart{ext}")
     s = spec(chart)
+    data: str | bytes
     if ext == ".html":
-        path.write_text(to_html(chart, title), encoding="utf-8")
+        data = to_html(chart, title)
     elif ext == ".png":
-        path.write_bytes(vlc.vegalite_to_png(s, vl_version=VL_VERSION, scale=2))
+        data = vlc.vegalite_to_png(s, vl_version=VL_VERSION, scale=2)
     elif ext == ".svg":
-        path.write_text(vlc.vegalite_to_svg(s, vl_version=VL_VERSION), encoding="utf-8")
+        data = vlc.vegalite_to_svg(s, vl_version=VL_VERSION)
     else:
-        path.write_text(json.dumps(s, indent=1, ensure_ascii=False), encoding="utf-8")
-    return path
+        data = json.dumps(s, indent=1, ensure_ascii=False)
+    return write_whole(path, data, "chart", f"chart{ext}")

@@ -260,10 +260,8 @@ def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
 
 def write_report(store: Store, runs: str | list[str] | None, path: Path | str) -> ReportResult:
     """Write the report for ``runs`` to ``path`` (one HTML file that works offline)."""
+    from forensics.outfile import checked_target, write_whole
+
+    checked_target(path, "report", "report.html")  # before the work: a folder is an input error at once
     page, notes = build_report(store, runs)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return ReportResult(path, notes)
+    return ReportResult(write_whole(path, page, "report", "report.html"), notes)

@@ -166,7 +166,8 @@ def dead_slot(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         bad = after.filter(pl.col("abnormal"))
         first = after.row(0, named=True)
         on = f" on {first['item']}/{first['stage']}" if first.get("item") is not None else ""
-        lost = [it for it in after["item"].to_list() if it in lost_items] if "item" in after.columns else []
+        lost = list(dict.fromkeys(it for it in after["item"].to_list() if it in lost_items)) \
+            if "item" in after.columns else []
         tail = f", {plural(len(lost), 'item')} lost ({names(lost)})" if lost else ""
         rec = "recovered" if s["recovered"] else "never recovered"
         sentence = (f"Slot {s['slot']} of `{ctx.name(s['instance'])}` died {spoken(s['dead_from'])}{on} and {rec}: "
@@ -175,7 +176,7 @@ def dead_slot(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         ctx.told_items.update(lost)
         out.append(Fact("dead_slot", sentence, ctx.loc.of(bad.with_columns(pl.lit(ctx.run).alias("run"))),
                         {"instance": s["instance"], "slot": s["slot"], "dead_from": s["dead_from"],
-                         "requests_affected": bad.height, "items_lost": list(dict.fromkeys(lost)),
+                         "requests_affected": bad.height, "items_lost": lost,
                          "recovered": s["recovered"]}))
     return out
 
@@ -409,7 +410,8 @@ def cost(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     gone = ctx.rows("missing")
     if gone.height:
         n_items = gone["item"].n_unique()
-        parts.append(f"{plural(n_items, 'item')} lost ({plural(gone.height, 'item x stage')})")
+        stages = f" ({gone.height} item-stages)" if gone.height != n_items else ""
+        parts.append(f"{plural(n_items, 'item')} lost{stages}")
         fields |= {"items_lost": n_items, "stages_lost": gone.height}
     ran = ctx.rows("runaway")
     if ran.height:

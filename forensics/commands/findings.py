@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
 from forensics import findings as F
 from forensics import registry
+from forensics.commands import options as cli_mod
 
 THRESHOLDS = F.Thresholds()
 KNOBS = {f.name: f for f in fields(F.Thresholds)}
