@@ -256,7 +256,8 @@ register(Finding(
     sentence=S.dead_slot, request_class="dead slot", class_rows=dead_requests, compare="dead slots", watch=True,
     command="deadslots", options=(*DEAD_SLOT_OPTIONS, "include_recovered"), examples=(
         ("forensics deadslots run-42 --explain", "each dead slot with the request sequence behind the verdict"),
-        ("forensics deadslots --fail-on any", "exit 1 when a slot died in any run (wire it to a restart)")), breaks_throughput=True, drop_empty=(), doc="forensics-deadslots-run"))
+        ("forensics deadslots --fail-on any", "exit 1 when a slot died in any run (wire it to a restart)")),
+    breaks_throughput=True, drop_empty=(), doc="forensics-deadslots-run"))
 register(Finding(
     "crash", "Crashes", "Server instances that died (an assert, an abort, a signal, out of memory), with the phase "
     "they were in: start-up, serving, or shutting down.", query="crashes", tables=("events", "requests",
@@ -283,20 +284,20 @@ register(Finding(
     tables=("events",), sentence=S.kv_stall, compare="KV-cache stalls", watch=True, breaks_throughput=True,
     options=("stall_lines",), doc="kv-cache-stalls"))
 register(Finding(
-    "failover", "Failovers", "Attempts that failed on one server (a client timeout, an HTTP error) and were sent "
-    "again to another, from the harness's records.", query="failovers", tables=("attempts",),
-    reads_requests=False, sentence=S.failover, compare="failovers", breaks_throughput=True, drop_empty=(),
-    doc="failovers"))
+    "failover", "Client timeouts and failovers", "Attempts the client gave up on (a timeout) or that failed on one "
+    "server and were sent again to another, from the harness's records.", query="failovers", tables=("attempts",),
+    reads_requests=False, sentence=S.failover, compare="failovers", counted=lambda df: df.filter(pl.col("failed_over")),
+    breaks_throughput=True, drop_empty=(), doc="client-timeouts-and-failovers"))
 register(Finding(
     "missing", "Missing items", "Expected items x stages of replay runs that never finished ok.",
     query="missing_items", tables=("items",), reads_requests=False, sentence=S.missing,
     compare="items missing", counted=lambda df: df.unique(["run", "item"]), drop_empty=(), detail=_missing_detail,
-    doc="missing"))
+    doc="missing-items"))
 register(Finding(
     "failed", "Failed requests", "Requests that failed (an error, HTTP >= 400, stop reason error).",
     query="failed_requests", sentence=S.failed, request_class="failed", report=False, shown_in="errors",
     drop_empty=(),
-    doc="failed"))
+    doc="failed-requests"))
 register(Finding(
     "cap", "Recommended output cap", "The output cap that would have stopped each run's runaways, and what it "
     "would have cut.", query="cap", uses=("runaway",), shape=_caps, sentence=S.cap, drop_empty=(),

@@ -73,11 +73,23 @@ class _ByRun:
 
 def instance_names(session: Analysis, runs: list[str]) -> dict[str, dict[str, str]]:
     """run -> instance -> the name sentences give it (instance_names.sql: the manifest's server names)."""
-    session.bind(["instances", "runs"])
-    df = session.query("instance_names", DEFAULTS, runs)
     out: dict[str, dict[str, str]] = {}
-    for run, instance, name in df.iter_rows():
+    for run, instance, name, _ in _names(session, runs).iter_rows():
         out.setdefault(run, {})[instance] = name
+    return out
+
+
+def _names(session: Analysis, runs: list[str]) -> pl.DataFrame:
+    session.bind(["instances", "runs"])
+    return session.query("instance_names", DEFAULTS, runs)
+
+
+def serving_names(session: Analysis, runs: list[str]) -> dict[str, set[str]]:
+    """run -> the names of its instances that served requests (how many servers a sentence speaks of)."""
+    out: dict[str, set[str]] = {}
+    for run, _, name, served in _names(session, runs).iter_rows():
+        if served:
+            out.setdefault(run, set()).add(name)
     return out
 
 
@@ -99,11 +111,12 @@ def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
         s.bind(["requests"])
         loc = Locations(s.query("request_locations", th, names))
         stats = {r["run"]: r for r in s.query("run_stats", th, names).iter_rows(named=True)}
-        inst = instance_names(s, names)
+        inst, serving = instance_names(s, names), serving_names(s, names)
         by_run = _ByRun(s, th, names)
         out = []
         for run in names:
-            ctx = RunContext(run, by_run.reader(run), loc, inst.get(run, {}), stats.get(run, {}))
+            ctx = RunContext(run, by_run.reader(run), loc, inst.get(run, {}), stats.get(run, {}),
+                             servers=serving.get(run, set()))
             out.append(RunVerdict(run, stats.get(run, {}).get("requests", 0), _facts(run, by_run, ctx)))
     return out
 

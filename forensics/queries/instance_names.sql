@@ -7,6 +7,7 @@
 -- Without a manifest entry the instance keeps its id, less the `#N` of the Nth start in its file when it is the
 -- only start of that file that served requests (an empty start, such as a -lv 4 log's first lines, is not a
 -- server of its own).
+-- `served`: the requests the instance served.
 -- Parameters: $runs VARCHAR[].  Relations: instances, runs.
 WITH inst AS (
     SELECT run, instance, path, CAST(port AS VARCHAR) AS port, coalesce(requests, 0) AS served, line_first
@@ -39,6 +40,7 @@ SELECT run, instance,
                 THEN manifest_name || ' (start ' || start_no || ')'
             WHEN manifest_name IS NOT NULL THEN manifest_name
             WHEN serving_starts <= 1 THEN regexp_replace(instance, '#[0-9]+$', '')
-            ELSE instance END AS name
+            ELSE instance END AS name,
+       served
 FROM counted
 ORDER BY run, instance
