@@ -275,7 +275,7 @@ register(Finding(
     doc="forensics-runaways-run"))
 register(Finding(
     "prompt_over_context", "Prompts over the context", "Requests whose prompt did not fit the slot's context: "
-    "refused, cut to fit, or filling it before the output grew.", query="prompt_over_context",
+    "refused, cut to fit, or filling it before the output grew.", query="prompt_over_context", uses=("runaway",),
     columns=PROMPT_COLUMNS, sentence=S.prompt_over_context, request_class="prompt over context",
     compare="prompts over the context", doc="prompts-over-the-context"))
 register(Finding(

@@ -5,12 +5,13 @@
 --                    gen_tokens over the clean requests of its baseline group (run and stage when stages
 --                    are known, else run and instance; the whole run when the group has fewer than
 --                    $min_group clean requests)
---   context          it generated at least $min_tokens tokens and reached the context (fx_requests.ctx_full: a
+--   context          it generated at least $min_tokens tokens, or more than $factor x its group's quantile (a
+--                    small context fills with fewer), and reached the context (fx_requests.ctx_full: a
 --                    context shift, stop_reason 'context', the server's "context shift is disabled" (HTTP 500,
 --                    b3812-b5408 with --no-context-shift: the output filled the context, the prompt fitted),
 --                    truncated at release unless the prompt was cut; or n_past_end >= the slot's context -
---                    $ctx_slack).  A request that reached the context with fewer tokens was filled by its
---                    prompt: prompt_over_context.sql.  gen_tokens of a request the server ended with an error
+--                    $ctx_slack).  A request that reached the context with an output that was not long was
+--                    filled by its prompt: prompt_over_context.sql.  gen_tokens of a request the server ended with an error
 --                    (no timings) is n_past at release - the prompt (findings_base.sql)
 --   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
 --   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
@@ -46,7 +47,8 @@ flags AS NOT MATERIALIZED (
     SELECT b.*,
            (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
-           (coalesce(b.gen_tokens >= $min_tokens, false)
+           (coalesce(b.gen_tokens >= $min_tokens OR (b.normal_q IS NOT NULL AND b.gen_tokens > $factor * b.normal_q),
+                     false)
             AND (b.ctx_full OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false))) AS f_context,
            coalesce(e.cap, false) AS f_cap,
            coalesce(d.degenerate, false) AS f_rep,
