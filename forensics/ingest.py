@@ -40,7 +40,7 @@ from forensics.errors import (
 from forensics.paths import file_stem
 from forensics.store import Store, fetch_pl, run_of_part
 from parsers import assemble, reader
-from parsers.engine import Carry, Engine
+from parsers.engine import Carry, ChunkResult, Engine
 from parsers.reader import compression_of, iter_chunks, read_head
 from parsers.spec import Format, grammar, load_formats
 
@@ -181,7 +181,24 @@ _PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
 
 
 def file_id_of(path: Path) -> str:
-    return hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return _file_id(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _file_id(cwd: str, path: str) -> str:
+    """A file's id: a digest of its resolved path (asked several times a file, so kept)."""
+    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
+    and each time costs a system call per folder of the path."""
+    return _resolved(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _resolved(cwd: str, path: str) -> Path:
+    return (Path(cwd) / path).resolve()
 
 
 def run_of(path: Path, run: str | None, root: Path | None) -> str:
@@ -191,13 +208,13 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
     parent = path.parent
     if root is not None and root.is_dir():
         try:
-            rel = path.resolve().relative_to(root.resolve())
+            rel = resolved(path).relative_to(resolved(root))
         except ValueError:
             rel = None
         if rel is not None and len(rel.parts) > 1:
             return rel.parts[-2]
         if rel is not None and len(rel.parts) == 1:
-            return root.resolve().name
+            return resolved(root).name
     if parent.name and parent.name not in {".", ""} and root is None:
         return parent.name
     return strip_exts(path.name)
@@ -245,13 +262,15 @@ def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Pa
 
 
 HEAD_LINES = 4000
+HEAD_BYTES = 256 * 1024
 
 
-@functools.lru_cache(maxsize=1)
-def _detector() -> Engine:
-    """One engine over every format, built once per process: building it compiles every kind's regex, which
-    cost more than detecting a short log's format (a folder of thousands of run logs paid it per file)."""
-    return Engine(grammar())
+@functools.cache
+def engine_for(forced: str | None) -> Engine:
+    """The engine of one set of kinds (every format's, or a forced format's), built once per process and shared by
+    format detection and parsing: building one costs more than reading a short log, and what it learns (the
+    order and routes of the kinds) only makes later files faster."""
+    return Engine(grammar(forced))
 
 
 SETTLED_S = 120.0  # a log not written for this long is not being written: its unterminated last line is read
@@ -268,19 +287,24 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
 
     Every line of the head (256 KiB, at most 4000 lines) is classified with every format, so a preamble of
     other text (a shell prompt, model output, a user's comment) does not hide the log after it.  Only lines
-    of a kind that plain text cannot match count: a file with any such line is a log.
+    of a kind that plain text cannot match count: a file with any such line is a log.  The head is cut into
+    lines as the parse cuts the file (``parsers.reader``).
     """
-    head = read_head(path) if head is None else head
+    head = read_head(path, HEAD_BYTES) if head is None else head
     if not head:
         return None
-    text = head.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if len(lines) > 1 and not text.endswith("\n"):
-        lines = lines[:-1]  # cut by the head's size
-    eng = _detector()
-    res = eng.classify(pl.Series("line", lines[:HEAD_LINES], dtype=pl.String), 1, Carry())
+    cut = head.rfind(b"\n")
+    block = head[:cut + 1] if cut >= 0 else head + b"\n"  # a line cut by the head's size is left out
+    lines = reader.lines_of(block).head(HEAD_LINES)
+    eng = engine_for(None)
+    return voted_format(eng, eng.classify(lines, 1, Carry()).kind_counts)
+
+
+def voted_format(eng: Engine, kind_counts: Any) -> str | None:
+    """The format the most lines of a head belong to (its own formats before the shared ones), counting only
+    kinds that plain text cannot match; None when there is none."""
     votes: Counter[str] = Counter()
-    for i, n in enumerate(res.kind_counts if res.kind_counts is not None else []):
+    for i, n in enumerate(kind_counts if kind_counts is not None else []):
         kind = eng.kinds[i]
         if n and not kind.weak:
             votes[kind.format] += int(n)
@@ -289,6 +313,15 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
     shared = {name for name, f in load_formats().items() if f.shared}
     own = [(n, f) for f, n in votes.items() if f not in shared]
     return max(own)[1] if own else max((n, f) for f, n in votes.items())[1]
+
+
+def _may_hold_records(path: Path) -> bool:
+    """Canonical records are JSON (their text starts with ``{``): any other file is told without loading the
+    replay package."""
+    try:
+        return read_head(path, 4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+    except (OSError, ForensicsError):
+        return True  # the replay package says what is wrong with it
 
 
 def mask_shape(text: str) -> str:
@@ -328,7 +361,6 @@ class Ingestor:
         self.started_at = options.started_at
         self.progress = progress
         self.at = Progress()
-        self._engines: dict[str, Engine] = {}
         self.keep_going = options.keep_going
         self.mapping = options.mapping
         self.tz = check_tz(options.tz)
@@ -346,14 +378,11 @@ class Ingestor:
         self.instance_slots: dict[tuple[int, int], int | None] = {}  # (ikey, instance_no) -> its slot context
         self._inst_keys = pl.DataFrame()
         self._instances_full = pl.DataFrame()
+        self.prefetch: Prefetch | None = None  # the small logs classified together (see Prefetch)
 
     # -------------------------------------------------------------- per file
-    def _engine(self, fmt: Format) -> Engine:
-        """One engine per format for the whole ingest: building one compiles every kind's regex, which costs
-        more than classifying a short log (the kinds it learns to try first only change the speed)."""
-        if fmt.name not in self._engines:
-            self._engines[fmt.name] = Engine(fmt)
-        return self._engines[fmt.name]
+    def _engine(self) -> Engine:
+        return engine_for(self.forced.name if self.forced else None)
 
     def tick(self, bytes_done: int, *, requests: int = 0, file_done: bool = False) -> None:
         """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
@@ -384,7 +413,11 @@ class Ingestor:
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
-        if fmt_name is None:
+        pre = self.prefetch.take(path) if self.prefetch is not None else None
+        if fmt_name is None and pre is not None and pre.result.total <= HEAD_LINES:
+            fmt_name = voted_format(self._engine(), pre.result.kind_counts)
+        elif fmt_name is None:
+            pre = None
             fmt_name = detect_format(path)
         if fmt_name is None and self.mapping is not None and not self.loaded_mapping.has_globs:
             self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
@@ -408,7 +441,7 @@ class Ingestor:
         job = LogRead(now, fmt, final=compression is not None or settled(stat))
         if prev is not None and not self._continue(job, prev, head, done_bytes):
             return
-        LogParse(self, job).run(done_bytes)
+        LogParse(self, job, pre if prev is None else None).run(done_bytes)
 
     def _continue(self, job: LogRead, prev: FileState, head: bytes, done_bytes: list[int]) -> bool:
         """Compare a file read before with what it is now: False when it is unchanged (nothing to read), else
@@ -443,9 +476,11 @@ class Ingestor:
         """Queue ``path`` as replay records when it is: canonical records (told by their content, never
         logs), a file the --mapping names in its ``files`` globs, or a file named on the command line that a
         mapping without globs reads (in a folder, such a mapping reads what is neither records nor a log)."""
-        from forensics import replay
+        kind = None
+        if _may_hold_records(path):
+            from forensics import replay
 
-        kind = replay.detect(path)
+            kind = replay.detect(path)
         mp = self.loaded_mapping
         if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
             kind = "mapped"
@@ -627,12 +662,12 @@ class LogParse:
     the GIL) while this thread assembles requests and writes parts in file order; ``state`` is what the next
     ingest of the grown file continues from."""
 
-    def __init__(self, ing: Ingestor, job: LogRead) -> None:
-        self.ing, self.job = ing, job
+    def __init__(self, ing: Ingestor, job: LogRead, pre: Prefetched | None = None) -> None:
+        self.ing, self.job, self.pre = ing, job, pre
         prev = job.prev
         self.state = prev.parse if prev is not None and prev.parse is not None else ParseState()
         self.state.tz = ing.tz
-        self.engine = ing._engine(job.fmt)
+        self.engine = ing._engine()
         self.carry = Carry(last_kind=self.state.last_kind)
         self.assembly = assemble.AssembleState(keys=self.state.keys)
         saved = self._saved_frames()
@@ -645,7 +680,7 @@ class LogParse:
         self.skipped: Counter[str] = Counter(json.loads(prev.skipped_by_kind) if prev is not None else {})
         self.label = ing._label(Path(job.file.path), job.file.run or "")
         self.reference = ing.started_at or datetime.fromtimestamp(job.file.mtime or 0.0, timezone.utc)
-        self.read = reader.ReadState()
+        self.read = pre.read if pre is not None else reader.ReadState()
         # what the lines read before said about each instance (model, slots, context: usually at the top)
         facts = saved.get("_facts")
         self.instance_facts: list[pl.DataFrame] = [facts] if facts is not None and facts.height else []
@@ -676,11 +711,12 @@ class LogParse:
     def run(self, done_bytes: list[int]) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        pool = ThreadPoolExecutor(max_workers=WORKERS)
+        pool = ThreadPoolExecutor(max_workers=WORKERS) if self.pre is None else None
         last: Any = None
         # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
         # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
-        for batch in self._batches(pool):
+        batches = self._batches(pool) if pool is not None else [[self._typed(self.pre.chunk, self.pre.result)]]
+        for batch in batches:
             evs = [self.tail] if self.tail.height else []
             for chunk, res, ev in batch:
                 self._count(chunk, res, ev, evs)
@@ -694,11 +730,15 @@ class LogParse:
             done_bytes[0] += last.end_offset - batch[0][0].first_offset
             self.ing.tick(done_bytes[0], requests=self.state.requests)
         self._keep_tail(last)
-        pool.shutdown()
+        if pool is not None:
+            pool.shutdown()
         self._finish()
 
     def _classify(self, chunk: Any, order: tuple[int, ...]) -> Any:
-        res = self.engine.classify(chunk.lines, chunk.first_line_no, Carry(), order)
+        return self._typed(chunk, self.engine.classify(chunk.lines, chunk.first_line_no, Carry(), order))
+
+    def _typed(self, chunk: Any, res: Any) -> Any:
+        """A classified chunk with its events' wall-clock times."""
         return chunk, res, assemble.parse_abs_time(res.events, reference=self.reference, tz=self.ing.tz,
                                                    reference_is_start=self.ing.started_at is not None)
 
@@ -848,6 +888,70 @@ class LogParse:
         return out.height
 
 
+SMALL_LOG = 256 * 1024  # a new log at most this big is classified together with the other small ones
+PREFETCH_BYTES = 16 << 20  # small logs classified in one pass
+
+
+@dataclass
+class Prefetched:
+    """A small log read and classified ahead of its turn: its one chunk, how reading it went, its kinds."""
+
+    chunk: reader.Chunk
+    read: reader.ReadState
+    result: ChunkResult
+
+
+class Prefetch:
+    """The small new logs of one ingest, classified together a batch at a time just before their turn: a folder
+    of thousands of run logs pays the engine's column operations once a batch instead of once a file (the
+    engine gives each file what classifying it alone gives, ``Engine.classify_many``).  Only the reading and
+    the kinds are shared; each file is still detected, assembled, committed or undone on its own."""
+
+    def __init__(self, ing: Ingestor, files: list[tuple[Path, Path | None]]) -> None:
+        self.ing = ing
+        self.queue = [path for path, _ in files if self._eligible(path)]
+        self.position = {path: i for i, path in enumerate(self.queue)}
+        self.next = 0
+        self.done: dict[Path, Prefetched] = {}
+
+    def _eligible(self, path: Path) -> bool:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return False
+        return (0 < size <= SMALL_LOG and compression_of(path) is None
+                and file_id_of(path) not in self.ing.files_meta and not _may_hold_records(path))
+
+    def take(self, path: Path) -> Prefetched | None:
+        at = self.position.get(path)
+        if at is not None and at >= self.next and path not in self.done:
+            self._classify_from(at)
+        return self.done.pop(path, None)
+
+    def _classify_from(self, at: int) -> None:
+        read: list[tuple[Path, reader.Chunk, reader.ReadState]] = []
+        size = 0
+        while at < len(self.queue) and size < PREFETCH_BYTES:
+            path = self.queue[at]
+            at += 1
+            state = reader.ReadState()
+            try:
+                chunks = list(iter_chunks(path, state=state, final=settled(path.stat())))
+            except (OSError, ForensicsError):
+                continue  # read on its turn, which says what is wrong with it
+            if len(chunks) == 1:
+                read.append((path, chunks[0], state))
+                size += len(chunks[0].block)
+        self.next = at
+        if not read:
+            return
+        eng = self.ing._engine()
+        results = eng.classify_many([c.lines for _, c, _ in read], [c.first_line_no for _, c, _ in read],
+                                    [Carry() for _ in read], eng.order)
+        for (path, chunk, state), res in zip(read, results, strict=True):
+            self.done[path] = Prefetched(chunk, state, res)
+
+
 def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """Merge per-chunk instance facts into one row per (router key, instance number)."""
     frames = [f for f in frames if f.height]
@@ -889,7 +993,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     mapping, keep_going = options.mapping, options.keep_going
     files, hidden = discover(paths)
     inside = store_path.resolve()
-    files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
+    files = [(f, r) for f, r in files if not resolved(f).is_relative_to(inside)]  # the store itself
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
@@ -915,11 +1019,15 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
                 _ingest_records(ing, store)
             finally:
                 ing.keep_going = wanted
-        ing.txn.meta_updates["files"] = ing.files_meta
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
             ing.txn.meta_updates["join_pending"] = True
-        ing.txn.commit()
+        if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
+                ing.files_meta != (store.meta("files", {}) or {}):
+            ing.txn.meta_updates["files"] = ing.files_meta
+            ing.txn.commit()
+        else:  # nothing changed: the store stays as it is, not even its manifest is written again
+            ing.txn.flush()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
         ing.result.compacted = _compact_when_many(store)
@@ -933,6 +1041,7 @@ def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> None:
     others still load."""
     sizes = [f.stat().st_size for f, _ in files]
     total = sum(sizes)
+    ing.prefetch = Prefetch(ing, files)
     ing.at = Progress(files_total=len(files), bytes_total=total)
     done = [0]
     for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
@@ -993,15 +1102,16 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
     saying which file each repeats; a stored file that a longer newcomer repeats has its rows dropped."""
     from forensics import duplicates
 
-    new = {f.resolve() for f, _ in files}
+    new = {resolved(f) for f, _ in files}
     runs = {f: run_of(f, ing.run, root) for f, root in files}
     _forget_moved(ing, files, runs)
     in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
-    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
-    wanted = set(runs.values())
+    # a run whose files are all as the last ingest left them has nothing new to compare
+    wanted = {runs[f] for f, _ in files if not _as_stored(ing, f, runs[f])}
+    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files if runs[f] in wanted]
     cands += [duplicates.Candidate(p, str(m["run"]), True) for fid, m in ing.files_meta.items()
               if fid in in_store and m.get("run") in wanted and (p := _stored_path(m)) is not None
-              and p.resolve() not in new]
+              and resolved(p) not in new]
     dups = {d.path: d for d in duplicates.find(cands)}
     for d in dups.values():
         ing.result.files.append(FileReport(str(d.path), "duplicate", "duplicate", message=d.describe()))
@@ -1013,6 +1123,18 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
         meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
         ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
     return [(f, root) for f, root in files if f not in dups]
+
+
+def _as_stored(ing: Ingestor, path: Path, run: str) -> bool:
+    """The file is in the store under this run with the size and modification time it has now."""
+    meta = ing.files_meta.get(file_id_of(path))
+    if meta is None or meta.get("run") != run:
+        return False
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return meta.get("size_bytes") == st.st_size and meta.get("mtime") == st.st_mtime
 
 
 def _forget_moved(ing: Ingestor, files: list[tuple[Path, Path | None]], runs: dict[Path, str]) -> None:

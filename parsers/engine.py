@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import numpy as np
 import polars as pl
 import regex
 
+from forensics.errors import InternalError
 from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
 
 SMALL_INPUT = 4096  # rows: at most this many, _match gates each kind's prefilter on the joined text
@@ -71,6 +73,7 @@ class Frames:
     json_time: tuple[str, ...]
     kv: tuple[KvFrame, ...]
     text_prefix: str
+    key: str = ""  # the one short extract that gives a line's dispatch key (see Routes)
 
 
 @cache
@@ -100,7 +103,7 @@ def load_frames() -> Frames:
     for k in kv:
         regex.compile(k.regex)
     return Frames(tuple(js.get("message", ["msg"])), tuple(js.get("level", ())), tuple(js.get("time", ())), kv,
-                  data.get("text", {}).get("prefix", ""))
+                  data.get("text", {}).get("prefix", ""), data.get("dispatch", {}).get("key", ""))
 
 
 @cache
@@ -121,6 +124,35 @@ class Carry:
     last_kind: str | None = None  # last recognised kind (for continuation lines)
 
 
+@dataclass(frozen=True)
+class Routes:
+    """Key-first dispatch: the kinds each line key has led to, most frequent first.
+
+    A line's key is one short extract (frames.toml ``[dispatch]``: the function after ``slot``/``srv``, else the
+    first word of the body).  A line is tried with the kinds its key has led to before, on its own rows only;
+    what they leave goes through every kind in order, and the kinds that claim it there teach the table
+    (``Engine.learn``, in file order).  Specific kinds match disjoint lines (tests/test_formats.py), so the
+    table changes how fast a line is classified, never its kind; catch-alls are never routed.
+    """
+
+    codes: dict[str, int] = field(default_factory=dict)  # key -> its row in ``kinds``
+    kinds: tuple[tuple[int, ...], ...] = ()  # kind indices to try, most frequent first
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, kind index) -> lines seen
+
+    def taught(self, learnt: pl.DataFrame, limit: int = 4096) -> Routes:
+        """The table with ``learnt`` (key, kind, n) added; at most ``limit`` keys (the first ones stay)."""
+        counts = dict(self.counts)
+        for key, ki, n in learnt.iter_rows():
+            if (key, ki) in counts or len(counts) < limit:
+                counts[(key, ki)] = counts.get((key, ki), 0) + n
+        by_key: dict[str, list[tuple[int, int]]] = {}
+        for (key, ki), n in counts.items():
+            by_key.setdefault(key, []).append((-n, ki))
+        keys = sorted(by_key)
+        return Routes({k: i for i, k in enumerate(keys)}, tuple(tuple(ki for _, ki in sorted(by_key[k])) for k in keys),
+                      counts)
+
+
 @dataclass
 class ChunkResult:
     events: pl.DataFrame  # one row per recognised, non-skipped record
@@ -132,6 +164,7 @@ class ChunkResult:
     lead: int = 0  # unrecognised lines before the chunk's first recognised one
     last_kind: str | None = None  # the chunk's last recognised kind
     kind_counts: np.ndarray | None = None  # lines recognised per kind (by index)
+    learnt: pl.DataFrame | None = None  # (key, kind, n) of the lines the full kind order had to classify
 
 
 @dataclass
@@ -175,6 +208,7 @@ def unquote(s: pl.Series) -> pl.Series:
     return pl.select(pl.when(quoted).then(inner).otherwise(s)).to_series()
 
 
+@cache
 def ascii_digits(regex: str) -> str:
     """``regex`` with ``\\d`` (any Unicode digit) written as the ASCII digits: log numbers are ASCII, and the
     narrower class is faster (inside a class ``[\\d.]`` becomes ``[0-9.]``)."""
@@ -299,6 +333,78 @@ def _first_key(text: pl.Series, keys: tuple[str, ...]) -> pl.Series:
     return out
 
 
+@dataclass
+class _Claims:
+    """Which rows of a pass are claimed, by which kind, and the claimed rows' typed fields (one frame a kind)."""
+
+    claimed: np.ndarray
+    kind_of: np.ndarray
+    pieces: list[pl.DataFrame]
+
+
+@dataclass
+class _Segments:
+    """Where each file's lines sit in a pass over several files' lines (one file: one segment)."""
+
+    start: np.ndarray  # first row of each file
+    length: np.ndarray
+    first_line_no: np.ndarray  # line number of each file's first row
+    is_start: np.ndarray  # per row: the first line of a file (nothing of the line before it carries over)
+
+    @classmethod
+    def of(cls, chunks: list[pl.Series], first_line_nos: list[int]) -> _Segments:
+        length = np.array([len(c) for c in chunks], dtype=np.int64)
+        start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+        is_start = np.zeros(int(length.sum()) + 1, dtype=bool)
+        is_start[start] = True
+        return cls(start, length, np.array(first_line_nos, dtype=np.int64), is_start)
+
+    @property
+    def count(self) -> int:
+        return len(self.start)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.start + self.length
+
+    def split(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``rows`` (sorted) by file: (file index, its rows), files without any left out."""
+        cut = np.searchsorted(rows, self.start[1:])
+        return [(i, part) for i, part in enumerate(np.split(rows, cut)) if len(part)]
+
+    def pieces(self, pieces: list[pl.DataFrame]) -> list[list[pl.DataFrame]]:
+        """The typed-field frames of each file's lines (one partition of each frame), their rows counted from the
+        file's first line."""
+        if self.count == 1:
+            return [pieces]
+        out: list[list[pl.DataFrame]] = [[] for _ in range(self.count)]
+        for pc in pieces:
+            file_of = np.searchsorted(self.start, pc["__row"].to_numpy(), side="right") - 1
+            tagged = pc.with_columns(pl.Series("__file", file_of), (pl.col("__row") - self.start[file_of]))
+            for (i,), part in tagged.partition_by("__file", as_dict=True, maintain_order=True).items():
+                out[int(i)].append(part.drop("__file"))
+        return out
+
+    def cols(self, i: int, cols: dict[str, pl.Series], order: list[str]) -> dict[str, pl.Series]:
+        """File ``i``'s slice of the per-line frame and wrapper columns that hold a value in that file, in the
+        order its own lines gave them (``order``)."""
+        if self.count == 1:
+            return cols
+        lo, n = int(self.start[i]), int(self.length[i])
+        out = {}
+        for name in order:
+            if name not in cols:
+                continue
+            part = cols[name].slice(lo, n)
+            if part.null_count() < n:
+                out[name] = part
+        return out
+
+
+def _summed(learnt: list[pl.DataFrame]) -> pl.DataFrame | None:
+    return pl.concat(learnt).group_by("key", "kind").agg(pl.col("len").sum()) if learnt else None
+
+
 class _Lines:
     """What the chunk's lines turned out to be, beyond their kind: filled by the second pass."""
 
@@ -308,6 +414,8 @@ class _Lines:
         self.joined = np.zeros(n, dtype=bool)
         self.cols: dict[str, pl.Series] = {}  # per-line frame and wrapper columns (full length)
         self.seen: set[str] = set()
+        self.learnt: list[pl.DataFrame] = []  # (key, kind, n) the full kind order had to find (Routes)
+        self.order: dict[int, list[str]] = {}  # per file: its columns in the order classifying it alone gives
 
 
 class Framer:
@@ -395,6 +503,9 @@ class Engine:
         # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
         self._hoistable = [not k.fallback for k in self.kinds]
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
+        self._key_regex = ascii_digits(frames.key) if frames.key else ""
+        self._routable = np.array([not k.fallback for k in self.kinds] + [False])
+        self.routes = self._seed_routes()
         fields_seen: dict[str, None] = {"elapsed": None, "level": None}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
@@ -404,6 +515,16 @@ class Engine:
         # the first pass reads lines as they are: kinds that could match a line with a wrapper still on it wait
         self._plain = np.array([k.frame == "text" and not k.fallback and not k.loose for k in self.kinds])
 
+    def _seed_routes(self) -> Routes:
+        """The routes the text kinds' own samples give, so that a file's first chunk is routed too."""
+        rows = [(sample, ki) for ki, k in enumerate(self.kinds) if self._routable[ki] and k.frame == "text"
+                for sample in k.samples]
+        if not self._key_regex or not rows:
+            return Routes()
+        keys = pl.Series([r[0] for r in rows], dtype=pl.String).str.extract(self._key_regex, 1)
+        seen = pl.DataFrame({"key": keys, "kind": pl.Series([r[1] for r in rows], dtype=pl.Int32)})
+        return Routes().taught(seen.drop_nulls().group_by("key", "kind").len())
+
     # ------------------------------------------------------------------ classification
     def learn(self, res: ChunkResult) -> None:
         """Try the kinds that were frequent in ``res`` first from now on.
@@ -411,6 +532,8 @@ class Engine:
         Called by whoever reads the results in file order, so the order each chunk is classified with does
         not depend on which worker thread finished first.
         """
+        if res.learnt is not None and res.learnt.height:
+            self.routes = self.routes.taught(res.learnt)
         counts, n = res.kind_counts, res.total
         if counts is None or not n:
             return
@@ -425,18 +548,49 @@ class Engine:
         Two passes: the specific text kinds on the lines as they are (a plain log is done there), then the
         lines left are unwrapped, framed and tried with every kind.
         """
-        n = len(raw)
+        return self.classify_many([raw], [first_line_no], [carry], order)[0]
+
+    def classify_many(self, chunks: list[pl.Series], first_line_nos: list[int], carries: list[Carry],
+                      order: tuple[int, ...] | None = None) -> list[ChunkResult]:
+        """Classify the lines of several files (one chunk each) in one pass, so that a folder of small logs pays
+        the column operations once, not once per file.  Each file's result is what ``classify`` gives it alone:
+        a line's kind depends on the line only, and what depends on its neighbours (continuations, re-joined
+        lines, wrappers) stops at the file's edges."""
         order = order if order is not None else self.order
-        line_no = pl.Series("line_no", np.arange(first_line_no, first_line_no + n, dtype=np.int64))
+        seg = _Segments.of(chunks, first_line_nos)
+        raw = chunks[0] if len(chunks) == 1 else pl.concat(chunks)
+        n = len(raw)
         plain = Framed(raw, np.zeros(n, dtype=bool), pl.Series([None] * n, dtype=pl.String), {},
                        np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
-        kind_of, pieces = self._match(plain, tuple(i for i in order if self._plain[i]))
-        rest = np.flatnonzero(kind_of < 0)
         lines = _Lines(n)
+        kind_of, pieces = self._match(plain, tuple(i for i in order if self._plain[i]), lines.learnt)
+        rest = np.flatnonzero(kind_of < 0)
+        seen: list[set[str]] = [set() for _ in chunks]
         if len(rest):
-            self._second_pass(raw, rest, order, kind_of, pieces, lines)
-        cont, skipped, cont_parsed = self._continuations(kind_of, lines, carry)
-        unparsed_mask = (kind_of < 0) & ~lines.blank & ~cont
+            seen = self._second_pass(raw, rest, (order, seg), kind_of, pieces, lines)
+        carry_codes = np.array([self.kind_index.get(c.last_kind, -1) if c.last_kind is not None else -1
+                                for c in carries], dtype=np.int64)
+        cont, cont_skip, ff = self._continuations(kind_of, lines, seg, carry_codes)
+        by_file = seg.pieces(pieces)
+        out = [self._result(i, seg, (kind_of, cont, cont_skip, ff), (raw, by_file[i], lines), carries[i])
+               for i in range(len(chunks))]
+        for res, names in zip(out, seen, strict=True):
+            res.wrappers_seen = names
+        out[0].learnt = _summed(lines.learnt)
+        return out
+
+    def _result(self, i: int, seg: _Segments, arrays: tuple[np.ndarray, ...], chunk: tuple[Any, ...],
+                carry: Carry) -> ChunkResult:
+        """File ``i``'s share of a pass over several files' lines."""
+        kind_of, cont, cont_skip, ff = (a[seg.start[i]:seg.end[i]] for a in arrays)
+        raw, pieces, lines = chunk
+        lo, n = int(seg.start[i]), len(kind_of)
+        blank = lines.blank[lo:lo + n]
+        skipped: Counter = Counter()
+        skipped[BLANK] = int(blank.sum())
+        for code, count in zip(*np.unique(ff[cont_skip], return_counts=True), strict=True):
+            skipped[self.kinds[code].name] += int(count)
+        unparsed_mask = (kind_of < 0) & ~blank & ~cont
         counts = np.bincount(kind_of[kind_of >= 0], minlength=len(self.kinds))
         for ki, kind in enumerate(self.kinds):
             if kind.skip and counts[ki]:
@@ -445,40 +599,127 @@ class Engine:
         if len(recognised):
             carry.last_kind = self.kinds[kind_of[recognised[-1]]].name
         first_rec = int(recognised[0]) if len(recognised) else n
-        events = self._events(pieces, line_no, lines.cols)
+        line_no = pl.Series("line_no", np.arange(seg.first_line_no[i], seg.first_line_no[i] + n, dtype=np.int64))
+        events = self._events(pieces, line_no, seg.cols(i, lines.cols, lines.order.get(i, [])))
         unp_idx = np.flatnonzero(unparsed_mask)
-        unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx)})
-        parsed = int(counts[~self._is_skip[:-1]].sum()) + cont_parsed
-        assert parsed + sum(skipped.values()) + len(unp_idx) == n, (parsed, skipped, len(unp_idx), n)
+        unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx + lo)})
+        parsed = int(counts[~self._is_skip[:-1]].sum()) + int(cont.sum() - cont_skip.sum())
+        if parsed + sum(skipped.values()) + len(unp_idx) != n:
+            raise InternalError(f"line accounting: {parsed} parsed + {sum(skipped.values())} skipped + "
+                                f"{len(unp_idx)} unparsed != {n} lines")
         return ChunkResult(events=events, unparsed=unparsed, skipped=skipped, parsed=parsed, total=n,
-                           wrappers_seen=lines.seen, lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
+                           lead=int(unparsed_mask[:first_rec].sum()), kind_counts=counts,
                            last_kind=carry.last_kind if len(recognised) else None)
 
-    def _second_pass(self, raw: pl.Series, rest: np.ndarray, order: tuple[int, ...], kind_of: np.ndarray,
-                     pieces: list[pl.DataFrame], lines: _Lines) -> None:
-        """Unwrap, frame and classify the lines the first pass left (``rest``), into the chunk's arrays."""
+    def _second_pass(self, raw: pl.Series, rest: np.ndarray, how: tuple[tuple[int, ...], _Segments],
+                     kind_of: np.ndarray, pieces: list[pl.DataFrame], lines: _Lines) -> list[set[str]]:
+        """Unwrap, frame and classify the lines the first pass left (``rest``), into the chunk's arrays; returns
+        the wrappers each file's lines had.  Wrappers are removed file by file (whether one applies depends on
+        the file's other lines); framing and kinds look at one line at a time."""
+        order, seg = how
         whole = len(rest) == len(raw)
-        text, wcols, lines.seen = self.unwrap(raw if whole else raw.gather(rest))
-        fr = self.framer(text)
-        k2, p2 = self._match(fr, order)
+        seen: list[set[str]] = [set() for _ in range(seg.count)]
+        texts, wcols = [], []
+        for i, rows in seg.split(rest):
+            text, cols, seen[i] = self.unwrap(raw if whole and seg.count == 1 else raw.gather(rows))
+            texts.append(text)
+            wcols.append((i, rows, cols))
+        fr = self.framer(texts[0] if len(texts) == 1 else pl.concat(texts))
+        k2, p2 = self._match(fr, order, lines.learnt)
         adjacent = np.zeros(len(rest), dtype=bool)
-        adjacent[:-1] = rest[1:] == rest[:-1] + 1
+        adjacent[:-1] = (rest[1:] == rest[:-1] + 1) & ~seg.is_start[rest[1:]]
         joined = self._reflow(fr, k2, p2, adjacent)
         kind_of[rest] = k2
         pieces += [pc if whole else pc.with_columns(pl.Series("__row", rest[pc["__row"].to_numpy()])) for pc in p2]
         lines.blank[rest], lines.indented[rest], lines.joined[rest] = fr.blank, fr.indented, joined
-        for name, col in (*fr.cols.items(), *wcols.items()):
+        n = len(raw)
+        for name, col in fr.cols.items():
             if col is not None and col.null_count() < len(col):
-                lines.cols[name] = col if whole else pl.Series(name, [None] * len(raw), dtype=col.dtype).scatter(
-                    rest, col)
+                lines.cols[name] = col if whole else pl.Series(name, [None] * n, dtype=col.dtype).scatter(rest, col)
+        framed = list(lines.cols)
+        for i, rows, cols in wcols:
+            lines.order[i] = list(dict.fromkeys([*framed, *cols]))  # a file's own column order (see _Segments.cols)
+            for name, col in cols.items():
+                if col is not None and col.null_count() < len(col):
+                    full = lines.cols.get(name)
+                    if full is None:
+                        full = pl.Series(name, [None] * n, dtype=col.dtype)
+                    lines.cols[name] = col if whole and seg.count == 1 else full.scatter(rows, col.cast(full.dtype))
+        return seen
 
-    def _match(self, fr: Framed, order: tuple[int, ...]) -> tuple[np.ndarray, list[pl.DataFrame]]:
-        """Try the kinds in ``order``, each on the lines no earlier kind claimed; return each line's kind index
-        (-1: none) and the typed fields of the claimed, non-skipped lines."""
+    def _match(self, fr: Framed, order: tuple[int, ...],
+               learnt: list[pl.DataFrame] | None = None) -> tuple[np.ndarray, list[pl.DataFrame]]:
+        """Classify the lines of ``fr`` with the kinds in ``order``: first each line with the kinds its key has led
+        to (``Routes``), then what is left with every kind in order, each on the lines no earlier kind claimed.
+        Returns each line's kind index (-1: none) and the typed fields of the claimed, non-skipped lines; the keys
+        of the lines the full order classified go to ``learnt``."""
         n = len(fr.body)
         claimed = fr.blank.copy()
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []
+        out = _Claims(claimed, kind_of, pieces)
+        keys = fr.body.str.extract(self._key_regex, 1) if self._key_regex and n else None
+        routes = self.routes
+        if keys is not None and routes.codes:
+            self._route(fr, keys, order, routes, out)
+        routed = kind_of >= 0
+        self._cascade(fr, order, out)
+        if learnt is not None and keys is not None:
+            new = np.flatnonzero((kind_of >= 0) & ~routed & self._routable[kind_of])
+            if len(new):
+                pairs = pl.DataFrame({"key": keys.gather(new), "kind": kind_of[new]}).drop_nulls()
+                learnt.append(pairs.group_by("key", "kind").len())
+        return kind_of, pieces
+
+    def _route(self, fr: Framed, keys: pl.Series, order: tuple[int, ...], routes: Routes, out: _Claims) -> None:
+        """Each line with the kinds its key has led to, on the rows of that key only."""
+        claimed = out.claimed
+        allowed = np.zeros(len(self.kinds), dtype=bool)
+        allowed[list(order)] = True
+        code = keys.replace_strict(routes.codes, default=-1, return_dtype=pl.Int32).fill_null(-1).to_numpy()
+        code = np.where(claimed, -1, code)
+        sel = np.flatnonzero(code >= 0)
+        if not len(sel):
+            return
+        rows_by_key = sel[np.argsort(code[sel], kind="stable")]
+        for rows in np.split(rows_by_key, np.flatnonzero(np.diff(code[rows_by_key])) + 1):
+            body = fr.body.gather(rows)
+            for ki in routes.kinds[code[rows[0]]]:
+                if not allowed[ki]:
+                    continue
+                live = ~claimed[rows]
+                if not live.any():
+                    break
+                kind = self.kinds[ki]
+                live &= fr.record[rows] if kind.frame == "record" else ~fr.record[rows]
+                if kind.prefilter and live.any():
+                    live &= body.str.contains(kind.prefilter, literal=True).to_numpy()
+                if live.any():
+                    self._claim(ki, fr, rows[live], body.filter(pl.Series(live)), out)
+
+    def _claim(self, ki: int, fr: Framed, idx: np.ndarray, sub: pl.Series, out: _Claims) -> None:
+        """Match kind ``ki``'s regex on the rows ``idx`` (their bodies ``sub``); the matching rows become its lines."""
+        claimed, kind_of, pieces = out.claimed, out.kind_of, out.pieces
+        kind = self.kinds[ki]
+        ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
+        hit = ext["__k"].is_not_null().to_numpy()
+        if kind.exclude and hit.any():
+            hit &= ~sub.str.contains(kind.exclude).to_numpy()
+        if not hit.any():
+            return
+        hit_idx = idx[hit]
+        claimed[hit_idx] = True
+        kind_of[hit_idx] = ki
+        if not kind.skip:  # (a precise prefilter leaves nothing to filter out)
+            part = ext.drop("__k") if len(hit_idx) == len(idx) else ext.filter(pl.Series(hit)).drop("__k")
+            pieces.append(self._piece(kind, part, hit_idx, fr))
+
+    def _cascade(self, fr: Framed, order: tuple[int, ...], out: _Claims) -> None:
+        """Every kind in ``order`` on the rows still unclaimed, the first that matches a row claims it."""
+        claimed = out.claimed
+        n = len(fr.body)
+        if claimed.all():
+            return
         # Prefilters scan only the rows no kind has claimed yet; the remaining set is re-gathered when it has
         # shrunk by half, so the frequent kinds (tried first) leave little for the rest to scan.
         rem_idx = np.flatnonzero(~claimed)
@@ -502,21 +743,7 @@ class Engine:
                 mask &= rem_body.str.contains(kind.prefilter, literal=True).to_numpy()
             if not mask.any():
                 continue
-            idx = rem_idx[mask]
-            sub = rem_body.filter(pl.Series(mask))
-            ext = sub.str.extract_groups(self._fast[ki]).struct.unnest()
-            hit = ext["__k"].is_not_null().to_numpy()
-            if kind.exclude and hit.any():
-                hit &= ~sub.str.contains(kind.exclude).to_numpy()
-            if not hit.any():
-                continue
-            hit_idx = idx[hit]
-            claimed[hit_idx] = True
-            kind_of[hit_idx] = ki
-            if not kind.skip:  # (a precise prefilter leaves nothing to filter out)
-                part = ext.drop("__k") if len(hit_idx) == len(idx) else ext.filter(pl.Series(hit)).drop("__k")
-                pieces.append(self._piece(kind, part, hit_idx, fr))
-        return kind_of, pieces
+            self._claim(ki, fr, rem_idx[mask], rem_body.filter(pl.Series(mask)), out)
 
     def _piece(self, kind: Kind, part: pl.DataFrame, rows: np.ndarray, fr: Framed) -> pl.DataFrame:
         part = part.with_columns(pl.Series("__row", rows))
@@ -549,30 +776,30 @@ class Engine:
         if not hit.any():
             return joined
         rows = cand[hit]
-        for i, piece in enumerate(pieces):  # the catch-all's rows for those lines go
-            pieces[i] = piece.filter(~pl.col("__row").is_in(rows))
+        # the catch-all's rows for those lines go (a piece left with none goes too: no kind, no columns)
+        pieces[:] = [left for left in (piece.filter(~pl.col("__row").is_in(rows)) for piece in pieces) if left.height]
         pieces += [piece.with_columns(pl.Series("__row", cand[piece["__row"].to_numpy()])) for piece in p2]
         kind_of[rows] = k2[hit]
         joined[rows + 1] = True
         return joined
 
-    def _continuations(self, kind_of: np.ndarray, lines: _Lines, carry: Carry) -> tuple[np.ndarray, Counter, int]:
+    def _continuations(self, kind_of: np.ndarray, lines: _Lines, seg: _Segments,
+                       carry_codes: np.ndarray) -> tuple[np.ndarray, ...]:
         """Unrecognised lines after a multi-line record (or indented, or the wrapped half of a re-joined line)
-        belong to the record before them (integer kind codes, no loop per line)."""
+        belong to the record before them in their file (integer kind codes, no loop per line).  Returns the
+        continuation mask, the mask of those that continue a skipped kind, and each line's latest kind before it
+        (or its file's carried one; -1: none)."""
         n = len(kind_of)
-        skipped: Counter = Counter()
-        skipped[BLANK] = int(lines.blank.sum())
-        carry_code = self.kind_index.get(carry.last_kind, -1) if carry.last_kind is not None else -1
-        codes = np.concatenate([[carry_code], kind_of])
-        pos = np.where(codes >= 0, np.arange(n + 1), 0)
+        val = kind_of.astype(np.int64)
+        starts = seg.start[seg.length > 0]
+        val[starts] = np.where(kind_of[starts] >= 0, kind_of[starts], carry_codes[seg.length > 0])
+        has = kind_of >= 0
+        has[starts] = True
+        pos = np.where(has, np.arange(n), 0)
         np.maximum.accumulate(pos, out=pos)
-        ff = codes[pos][:-1]  # the latest recognised kind before each line (or the carried one)
-        ff = np.where((pos[:-1] == 0) & (codes[0] < 0), -1, ff)
+        ff = val[pos]  # at an unrecognised line: the latest recognised kind before it in its file, or the carry
         cont = (kind_of < 0) & ~lines.blank & (self._is_multi[ff] | (lines.indented & (ff >= 0)) | lines.joined)
-        cont_skip = cont & self._is_skip[ff]
-        for code, count in zip(*np.unique(ff[cont_skip], return_counts=True), strict=True):
-            skipped[self.kinds[code].name] += int(count)
-        return cont, skipped, int(cont.sum() - cont_skip.sum())
+        return cont, cont & self._is_skip[ff], ff
 
     def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, cols: dict[str, pl.Series]) -> pl.DataFrame:
         """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""

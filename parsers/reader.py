@@ -184,35 +184,47 @@ class ReadState:
 def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     """Turn a block of whole lines (each ending in a newline) into a string series without their terminators.
 
-    The newlines (and a CR before one: CRLF) are cut out of the bytes in one numpy pass and the rest handed to
-    Arrow as the strings' buffer, so no string is copied one by one.  Invalid UTF-8 is replaced (U+FFFD); a
-    leading CR stays for the parser to see.
+    Each line becomes an Arrow string view into the block itself (its length, and its first bytes or its offset),
+    built for every line at once with numpy, so no byte is copied: the newline, and a CR before it (CRLF), are
+    simply outside the view.  Invalid UTF-8 is replaced (U+FFFD); a leading CR stays for the parser to see.
     """
     data = np.frombuffer(block, dtype=np.uint8)
-    term = nl.copy()  # where each line's terminator starts: its newline, or the CR before it (CRLF)
-    crlf = (nl > 0) & (data[np.maximum(nl - 1, 0)] == 13)
-    if crlf.any():
-        term[crlf] -= 1
-        cut = np.sort(np.concatenate([nl, term[crlf]]))
-    else:
-        cut = nl
-    ends = term - np.searchsorted(cut, term, side="left")  # each line's end once the cut bytes are gone
-    body = np.delete(data, cut)
-    offsets = np.empty(len(nl) + 1, dtype=np.int64)
-    offsets[0] = 0
-    offsets[1:] = ends
-    if (body >= 0x80).any():  # not plain ASCII: check it, and replace what is not UTF-8
-        try:
-            body.tobytes().decode("utf-8")
-        except UnicodeDecodeError:
-            return _to_series_replacing(block)
-        # valid as a whole, but a line may start inside a character that the line before it cut: each line's
-        # first byte must not be a continuation byte (10xxxxxx), or the line is not valid UTF-8 on its own
-        starts = offsets[:-1][offsets[:-1] < len(body)]
-        if ((body[starts] & 0xC0) == 0x80).any():
-            return _to_series_replacing(block)
-    arr = pa.LargeStringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(body))
+    n = len(nl)
+    starts = np.empty(n, dtype=np.int64)
+    starts[:1] = 0
+    starts[1:] = nl[:-1] + 1
+    ends = nl - ((nl > starts) & (data[np.maximum(nl - 1, 0)] == 13))  # a CR before the newline is a terminator
+    if len(block) >= 1 << 31 or ((data >= 0x80).any() and not _valid_utf8(block)):
+        return _to_series_replacing(block)
+    lens = (ends - starts).astype(np.int32)
+    views = np.zeros((n, 4), dtype=np.int32)
+    views[:, 0] = lens
+    # a view holds a string of up to 12 bytes itself; a longer one holds its first 4 bytes and its offset
+    padded = np.concatenate([data, np.zeros(12, dtype=np.uint8)])
+    head = np.lib.stride_tricks.sliding_window_view(padded, 12)[starts]  # each line's first 12 bytes
+    short = np.flatnonzero(lens < 12)
+    head[short] *= np.arange(12) < lens[short, None]  # a short line's view is zero after its end
+    views.view(np.uint8).reshape(n, 16)[:, 4:] = head
+    long = lens > 12
+    views[long, 2] = 0
+    views[long, 3] = starts[long]
+    arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(block)])
     return pl.Series("line", arr, dtype=pl.String)
+
+
+def lines_of(block: bytes) -> pl.Series:
+    """The lines of a block that ends with a newline, cut as a chunk's are."""
+    return _to_series(block, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10))
+
+
+def _valid_utf8(block: bytes) -> bool:
+    """The whole block decodes: its newlines are characters of their own, so each line then decodes too (a
+    character cut by a newline, or a line starting inside one, makes the block invalid)."""
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _to_series_replacing(block: bytes) -> pl.Series:

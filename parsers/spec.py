@@ -13,6 +13,7 @@ Supporting a new llama.cpp version or fork means adding rows to these files, not
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -128,7 +129,7 @@ def expand(regex: str, macros: dict[str, str]) -> str:
     return regex
 
 
-def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, index: int) -> Kind:
+def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, index: int, check: bool = True) -> Kind:
     name = raw.get("name") or f"#{index}"
     where = f"kind {name!r}"
     if "regex" not in raw:
@@ -136,7 +137,7 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
     regex = expand(raw["regex"], macros)
     if not regex.startswith("^"):
         raise FormatDefinitionError(f"{where} regex is not anchored at the start (^)", path=str(path))
-    for pattern in (regex, raw.get("exclude", "")):
+    for pattern in (regex, raw.get("exclude", "")) if check else ():
         _compiles(pattern, where, path)
     groups = tuple(dict.fromkeys(_GROUP.findall(regex)))
     keys = tuple((k, v) for k, v in (raw.get("keys") or {}).items())
@@ -189,13 +190,14 @@ def load_macros() -> dict[str, str]:
     return dict(_read_toml(FORMATS_DIR / "frames.toml").get("macros", {}))
 
 
-def load_format(path: Path) -> Format:
+def load_format(path: Path, check: bool = True) -> Format:
+    """One format file; ``check``: compile every regex for both engines (most of the cost of loading it)."""
     data = _read_toml(path)
     meta = data.get("format") or {}
     if "name" not in meta:
         raise FormatDefinitionError("missing [format] name", path=str(path), hint="add name = \"...\"")
     macros = {**load_macros(), **data.get("macros", {})}
-    kinds = tuple(_kind(raw, meta["name"], macros, path, i) for i, raw in enumerate(data.get("kind", [])))
+    kinds = tuple(_kind(raw, meta["name"], macros, path, i, check) for i, raw in enumerate(data.get("kind", [])))
     if not kinds:
         raise FormatDefinitionError("format declares no kinds", path=str(path))
     return Format(name=meta["name"], title=meta.get("title", meta["name"]), kinds=kinds, source=str(path),
@@ -207,15 +209,43 @@ def load_format(path: Path) -> Format:
 def load_formats() -> dict[str, Format]:
     """All built-in formats by name (file name order)."""
     out: dict[str, Format] = {}
+    marker = _checked_marker()
+    checked = marker is not None and marker.exists()
     for path in sorted(FORMATS_DIR.glob("*.toml")):
         if path.name in DATA_FILES:
             continue
-        fmt = load_format(path)
+        fmt = load_format(path, check=not checked)
         if fmt.name in out:
             raise FormatDefinitionError(f"format {fmt.name!r} is declared twice", path=str(path))
         out[fmt.name] = fmt
     _check_union(list(out.values()))
+    if marker is not None and not checked:
+        _write_marker(marker)
     return out
+
+
+def _checked_marker() -> Path | None:
+    """Where the note that the format files as they are now compile for both engines lives (beside them, as
+    Python keeps its bytecode); its name is a digest of every format file and of both regex engines' versions,
+    so an edited file, or another polars, checks them again."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        engines = f"{version('polars')} {regex.__version__}"
+    except PackageNotFoundError:  # pragma: no cover - polars is a dependency
+        return None
+    h = hashlib.sha256(engines.encode())
+    for path in sorted(FORMATS_DIR.glob("*.toml")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return FORMATS_DIR / "__pycache__" / f"checked-{h.hexdigest()[:24]}"
+
+
+def _write_marker(marker: Path) -> None:
+    try:  # a package folder that cannot be written to only means the next process checks again
+        marker.parent.mkdir(exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
 
 
 def _check_union(formats: list[Format]) -> None:

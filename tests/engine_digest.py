@@ -1,5 +1,5 @@
-"""Digests of what ingest makes of a log: its requests and its events, in a form that does not depend on how
-the store lays them out (wide or narrow parts, column order, which columns a kind leaves null).
+"""Digests of what ingest makes of a log: its requests, its events and its instances, in a form that does not depend
+on how the store lays them out (wide or narrow parts, column order, which columns a kind leaves null).
 
 A faster engine must change no output: ``tests/test_engine_equivalence.py`` compares the digests of every
 fixture log and of a generated log with ``fixtures/engine-digests.json``, written by the engine it replaced.
@@ -64,8 +64,10 @@ def digest_log(log: Path, workdir: Path) -> dict[str, Any]:
     store = Store(workdir / "store")
     req_n, req_h = digest_rows(store.table("requests"), ["instance", "line_first", "slot", "task"], {"path"})
     ev_n, ev_h = digest_rows(store.table("events"), ["line_no", "kind"], SKIP_EVENT_COLUMNS)
+    inst_n, inst_h = digest_rows(store.table("instances"), ["line_first", "instance"], {"run", "path"})
     files = store.table("files").select("lines_total", "lines_parsed", "lines_skipped", "lines_unparsed").rows()
-    return {"requests": [req_n, req_h], "events": [ev_n, ev_h], "lines": [list(r) for r in files]}
+    return {"requests": [req_n, req_h], "events": [ev_n, ev_h], "instances": [inst_n, inst_h],
+            "lines": [list(r) for r in files]}
 
 
 def generated_logs(workdir: Path) -> dict[str, Path]:
