@@ -7,9 +7,12 @@
 -- one by one: each crashed instance gives one row (the crash finding, crashes.sql, as fx_crash) of kind `crash`,
 -- whose message is the first crash line that says why, whose lines run from the first to the last crash line,
 -- and whose tasks are the requests the instance had in flight (not complete) when it died; an abort while
--- shutting down with nothing in flight is kind `shutdown_abort`, level W (a note, not a failure).  `message` is the error text, else the generic message,
--- else "<METHOD> HTTP <status>".  `item` comes from matches on the line's task when present.  findings.py
--- masks the messages into shapes and groups them.
+-- shutting down with nothing in flight is kind `shutdown_abort`, level W (a note, not a failure).  `message` is
+-- the error text, else the generic message, else "<METHOD> <path> HTTP <status>".  An HTTP error of a
+-- monitoring endpoint (GET /health, /slots, /metrics, /props, /models) is a warning, whatever its level: /health
+-- answers 503 while the model loads and /slots 501 when slot monitoring is off; a client's request that failed
+-- stays an error.  `item` comes from matches on the line's task when present.  findings.py masks the messages
+-- into shapes and groups them.
 -- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_matches, fx_crash.
 WITH ev AS (
     SELECT * FROM fx_events
@@ -25,10 +28,15 @@ m AS (
     FROM fx_matches GROUP BY run, instance, task
 ),
 lines AS (
-    SELECT e.run, e.instance, e.kind, e.level, e.line_no, e.line_no AS line_last, e.path, e.ts, e.elapsed_s,
+    SELECT e.run, e.instance, e.kind,
+           CASE WHEN e.role IN ('http', 'proxy_http') AND e.method = 'GET'
+                 AND regexp_matches(coalesce(e.http_path, ''), '^/(health|slots|metrics|props|v1/models|models)([/?]|$)')
+                THEN 'W' ELSE e.level END AS level,
+           e.line_no, e.line_no AS line_last, e.path, e.ts, e.elapsed_s,
            coalesce(e.slot, m.m_slot) AS slot, e.task, e.status AS http_status,
            coalesce(e.error, e.msg,
-                    CASE WHEN e.role IN ('http', 'proxy_http') THEN coalesce(e.method || ' ', '') || 'HTTP ' || e.status END,
+                    CASE WHEN e.role IN ('http', 'proxy_http')
+                         THEN coalesce(e.method || ' ', '') || coalesce(e.http_path || ' ', '') || 'HTTP ' || e.status END,
                     e.kind) AS message,
            m.item, CAST(NULL AS VARCHAR) AS tasks
     FROM ev e
