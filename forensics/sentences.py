@@ -210,9 +210,9 @@ def crash(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         who = ctx.server(r["instance"])
         message = str(r["message"])[:160]
         if r["phase"] == "shutdown":
-            begun = f" (`{str(r['shutdown_message']).strip()[:60]}` at line {r['shutdown_line']})" \
-                if r["shutdown_message"] else ""
-            out.append(Fact("crash", f"Note: {who[0].lower() + who[1:]} aborted while shutting down{begun} with nothing in flight "
+            begun = f" while shutting down (`{str(r['shutdown_message']).strip()[:60]}` at line " \
+                    f"{r['shutdown_line']})" if r["shutdown_message"] else " as it exited, idle"
+            out.append(Fact("crash", f"Note: {who[0].lower() + who[1:]} aborted{begun} with nothing in flight "
                             f"({message}): the run was not affected.", ev,
                             {"phase": "shutdown", "crashes": 0}, NOTE))
             continue

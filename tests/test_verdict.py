@@ -99,3 +99,26 @@ def test_the_command_prints_json_and_gates(store: Store) -> None:
     assert (res.exit_code, res.stdout) == (0, "healthy: 48 requests on 4 slots, nothing abnormal found.\n")
     res = CliRunner().invoke(cli, ["verdict", "nope", "--store", str(store.root)])
     assert res.exit_code == 2 and res.stderr.startswith("forensics: error: no run 'nope' in the store")
+
+
+def test_sentences_name_servers_as_the_manifest_does(tmp_path: Path) -> None:
+    """A -lv 4 log's empty first start (`server`) and its real one (`server#2`), and a backup: with a manifest
+    naming `main` (log file server.log) and `backup` (port 8081), the sentences say `main` and `backup`; without
+    one, the only start of server.log that served requests is `server`, never `server#2`."""
+    from forensics.session import Analysis
+    from forensics.verdict import instance_names
+    from tests.throughput_helpers import req, write
+
+    inst = [{"run": r, "instance": i, "path": f"/logs/{r}/{p}", "port": port, "requests": n, "line_first": lf}
+            for r in ("named", "bare")
+            for i, p, port, n, lf in (("server", "server.log", None, 0, 1), ("server#2", "server.log", 18102, 3, 3),
+                                      ("b", "b.log", 8081, 1, 1))]
+    servers = '[{"name": "main", "log_file": "server.log"}, {"name": "backup", "port": 8081}]'
+    store = write(tmp_path / "s", {
+        "instances": inst,
+        "runs": [{"run": "named", "servers": servers}],
+        "requests": [req(r, 0, 1, 1, 0, 1, 1000, 10, 900, 10, instance="server#2") for r in ("named", "bare")]})
+    with Analysis.open(store) as s:
+        names = instance_names(s, ["bare", "named"])
+    assert names["named"] == {"server": "main", "server#2": "main", "b": "backup"}
+    assert names["bare"] == {"server": "server", "server#2": "server", "b": "b"}

@@ -5,10 +5,12 @@
 -- .. `line_last` its first and last crash line, `in_flight` the requests the instance had not completed.
 -- `phase` is when it died:
 --   startup   it had served no request and had none in flight (a model that fails to load, memory at start-up)
---   shutdown  it was shutting down (a line such as `cleaning up before exit`, `shutting down` or a received
---             interrupt came before the crash's first line) and had nothing in flight: an abort in the exit
---             path (b4747 ends every SIGINT with `terminate called without an active exception`), not a
---             failure of the run
+--   shutdown  it had nothing in flight and was shutting down: a line such as `cleaning up before exit`,
+--             `shutting down` or a received interrupt came before the crash's first line, or the crash is the
+--             exit path's own abort (`terminate called without an active exception`: a thread still running
+--             when the process exits) after the server had served and gone idle.  b4747 ends every SIGINT so;
+--             its `cleaning up before exit` goes to stdout and is lost when the abort comes before the flush.
+--             Not a failure of the run
 --   serving   otherwise: requests in flight, or a server that had been serving
 -- `shutdown_line` / `shutdown_message`: the first shutdown line before the crash, when there is one.
 -- Parameters: $runs VARCHAR[].  Relations: fx_events, requests, instances.
@@ -44,6 +46,8 @@ shutdown AS (
 )
 SELECT c.run, c.instance, c.path, c.line_no, c.line_last, c.ts, c.elapsed_s, c.message, r.tasks AS in_flight,
        CASE WHEN r.tasks IS NULL AND s.line_no < c.line_no THEN 'shutdown'
+            WHEN r.tasks IS NULL AND coalesce(r.served, 0) > 0
+                 AND regexp_matches(c.message, '^terminate called without an active exception') THEN 'shutdown'
             WHEN r.tasks IS NULL AND coalesce(r.served, 0) = 0 THEN 'startup'
             ELSE 'serving' END AS phase,
        CASE WHEN s.line_no < c.line_no THEN s.line_no END AS shutdown_line,
