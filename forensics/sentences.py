@@ -235,6 +235,8 @@ def _stamp(r: dict[str, Any]) -> str:
 def runaway(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     """``2 outputs ran far longer than normal (2135–5677 tokens where normal responses stay under 287).``  A dead
     slot's runaways are told by the dead-slot sentence, not again."""
+    if rows.height == 0:
+        return []
     mine = ctx.untold(rows)
     if mine.height == 0:
         return []
@@ -253,8 +255,10 @@ def runaway(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
 def prompt_over_context(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     """Prompts the server refused for their length, and prompts it cut to fit (a warning, not a refusal): two
     sentences, each saying what happened, never "did not fit" for a prompt that was shorter than the context."""
-    mine = ctx.untold(rows)
-    out = []
+    mine = ctx.untold(rows) if rows.height else rows
+    out: list[Fact] = []
+    if mine.height == 0:
+        return out
     for how, text in (("rejected", "{n} longer than the slot's context ({p} tokens for {c}): the server refused "
                                    "{them}; shorten {them} or raise -c."),
                       ("truncated", "{n} longer than the slot's context and the server cut {them} to fit ({p} "
@@ -280,6 +284,8 @@ def prompt_over_context(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
 
 # ---------------------------------------------------------------------------------------- items, requests
 def missing(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
+    if rows.height == 0:
+        return []
     rest = [it for it in dict.fromkeys(rows["item"].to_list()) if it not in ctx.told_items]
     if not rest:
         return []
@@ -289,7 +295,8 @@ def missing(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
 
 def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     """Failed requests no other sentence explains (a dead slot's or a crash's are told there)."""
-    if ctx.has("dead_slot") or any(f.kind == "crash" and f.severity == FINDING for f in ctx.facts):
+    if rows.height == 0 or ctx.has("dead_slot") or any(f.kind == "crash" and f.severity == FINDING
+                                                       for f in ctx.facts):
         return []
     mine = ctx.untold(rows)
     if mine.height == 0:

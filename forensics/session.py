@@ -22,6 +22,7 @@ applies the same rules to what runs now.  Such a session is never cached beyond 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -76,7 +77,13 @@ class Thresholds:
             raise QueryError(f"margin must not be negative, got {self.margin}", hint="pass e.g. --margin 0.2")
 
     def digest(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return _digest(self)
+
+
+@functools.cache
+def _digest(th: Thresholds) -> str:
+    """What a finding's rows depend on among the knobs, as a short key (computed once per value)."""
+    return hashlib.sha1(json.dumps(asdict(th), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def thresholds(**overrides: float | int | bool | None) -> Thresholds:
@@ -266,8 +273,9 @@ class Analysis:
         if todo:
             fresh = self._compute(f, th, todo)
             parts = fresh.partition_by("run", as_dict=True) if fresh.height else {}
+            empty = fresh.clear()
             for run in todo:
-                part = parts.get((run,), fresh.clear())
+                part = parts.get((run,), empty)
                 self.cache.put(self.cache_key(f, run, th), part)
                 have[run] = part
         frames = [have[r] for r in runs if have[r].height]
