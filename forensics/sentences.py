@@ -172,7 +172,7 @@ def dead_slot(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         tail = f", {plural(len(lost), 'item')} lost ({names(lost)})" if lost else ""
         rec = "recovered" if s["recovered"] else "never recovered"
         sentence = (f"Slot {s['slot']} of `{ctx.name(s['instance'])}` died {spoken(s['dead_from'])}{on} and {rec}: "
-                    f"{symptoms(bad)}{_detail(bad, seq.filter(~pl.col('abnormal')))}{tail}.")
+                    f"{symptoms(bad)}{_detail(bad, seq.filter(~pl.col('abnormal') & ~pl.col('unknown')))}{tail}.")
         ctx.tell(bad)
         ctx.told_items.update(lost)
         out.append(Fact("dead_slot", sentence, ctx.loc.of(bad.with_columns(pl.lit(ctx.run).alias("run"))),

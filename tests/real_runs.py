@@ -28,6 +28,15 @@ README_TRUTH: dict[str, dict[str, Any]] = {
 }
 
 
+# What labels.json does not hold but the folder's README states: prompts the server cut or refused, by how,
+# and how many ("the analyze prompts of TSLA and HD ... it cut each prompt to fit"; "2 prompts rejected with HTTP
+# 400").
+PROMPTS_FROM_README: dict[tuple[str, str], tuple[str, int]] = {
+    ("b3605", "truncated"): ("truncated", 2),
+    ("b11312", "overlong"): ("rejected", 2),
+}
+
+
 @dataclass
 class RunFolder:
     path: Path
@@ -40,10 +49,15 @@ class RunFolder:
         return f"{self.build}/{self.scenario}" if self.build else self.scenario
 
     @property
+    def prompts(self) -> tuple[str, int] | None:
+        """(how, how many) of the prompts over the slot's context, when the README says there were some."""
+        return PROMPTS_FROM_README.get((self.build, self.scenario))
+
+    @property
     def healthy(self) -> bool:
         """Nothing went wrong, by the truth: every request ok, no runaway, dead slot, timeout or missing item."""
         t = self.truth
-        return (set((t.get("outcomes") or {}).keys()) <= {"ok"} and not t.get("uncapped_requests")
+        return (set((t.get("outcomes") or {}).keys()) <= {"ok"} and not t.get("uncapped_requests") and not self.prompts
                 and not t.get("dead_slot") and not t.get("timeouts") and not t.get("failovers")
                 and not t.get("missing") and not t.get("kv_stall"))
 

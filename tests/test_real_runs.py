@@ -77,7 +77,13 @@ def test_the_verdict_tells_the_truth(folder: RunFolder, base: Path) -> None:
     _no_false_alarm(folder, kinds, v)
     with Analysis.open(store, run) as s:
         _dead_slot(t, s, v)
-        assert s.rows("runaway").height == len(t.get("uncapped_requests") or []), v.paragraph()
+        _runaways(t, s.rows("runaway"), v)
+        prompts = s.rows("prompt_over_context")
+        if folder.prompts:
+            how, n = folder.prompts
+            assert prompts.filter(pl.col("how").str.contains(how)).height == n == prompts.height, v.paragraph()
+        else:
+            assert prompts.height == 0, v.paragraph()
         got_missing = set(s.rows("missing").select("item", "stage").iter_rows())
         assert got_missing == {(m["item"], m["stage"]) for m in t.get("missing") or []}, v.paragraph()
         fo = s.rows("failover")
@@ -85,6 +91,33 @@ def test_the_verdict_tells_the_truth(folder: RunFolder, base: Path) -> None:
         assert fo.filter(pl.col("failed_over")).height == len(t.get("failovers") or []), v.paragraph()
         crashes = s.rows("crash")
     _crash_phase(t, crashes, v)
+
+
+def test_the_cost_is_what_the_truth_says(base: Path) -> None:
+    """The run's span is the harness's wall time, and for a dead slot whose items stayed on it (every request
+    pinned to its worker's slot) the run needed what the healthy workers needed: the end of their last attempt,
+    from the harness's own records (attempts.jsonl).  Both within 10 %."""
+    checked = 0
+    for folder in FOLDERS:
+        t = folder.truth
+        if not t.get("run_wall_s") or not (folder.path / "attempts.jsonl").is_file():
+            continue
+        store = store_of(folder, base)
+        [v] = verdict(store, _run(store))
+        cost = next((f.fields for f in v.facts if f.kind == "cost"), {})
+        if "run_s" in cost:
+            assert cost["run_s"] == pytest.approx(t["run_wall_s"], rel=0.10), folder.id
+        if t.get("dead_slot") and t.get("worker_items"):
+            healthy = {it for w, items in t["worker_items"].items() if int(w) != t["dead_slot"]["slot"]
+                       for it in items}
+            att = pl.read_ndjson(folder.path / "attempts.jsonl").with_columns(
+                pl.col("started_at").str.to_datetime(time_zone="UTC"), pl.col("ended_at").str.to_datetime(time_zone="UTC"))
+            start = att["started_at"].min()
+            done = att.filter(pl.col("item").is_in(sorted(healthy)))["ended_at"].max()
+            needed = (done - start).total_seconds()  # type: ignore[operator]
+            assert cost["needed_s"] == pytest.approx(needed, rel=0.10), (folder.id, cost, needed)
+            checked += 1
+    assert checked or not any(f.truth.get("dead_slot") and f.truth.get("worker_items") for f in FOLDERS)
 
 
 def _no_false_alarm(folder: RunFolder, kinds: set[str], v: RunVerdict) -> None:
@@ -95,10 +128,24 @@ def _no_false_alarm(folder: RunFolder, kinds: set[str], v: RunVerdict) -> None:
     allowed |= {"runaway"} if t.get("uncapped_requests") else set()
     allowed |= {"failover"} if t.get("timeouts") or t.get("failovers") else set()
     allowed |= {"missing", "failed"} if t.get("missing") or set(t.get("outcomes") or {}) - {"ok"} else set()
-    allowed |= {"prompt_over_context"} if folder.scenario in ("overlong", "truncated") else set()
+    allowed |= {"prompt_over_context"} if folder.prompts else set()
     allowed |= {"kv_stall"} if t.get("kv_stall") or folder.scenario == "kvstall" else set()
     allowed |= {"crash"} if any(code not in (0, -6) for code in (t.get("server_exit") or {}).values()) else set()
     assert kinds <= allowed, (sorted(kinds - allowed), v.paragraph())
+
+
+def _runaways(t: dict[str, Any], rows: pl.DataFrame, v: RunVerdict) -> None:
+    """Every uncapped item x stage ran away (random weights never sample EOS), and nothing else did.  A request
+    the client gave up on and sent again ran away each time: more runaway requests than uncapped item x stages,
+    each on one of them (or not tied to the records by the join)."""
+    want = {(u["item"], u["stage"]) for u in t.get("uncapped_requests") or []}
+    matched = {(i, st) for i, st in rows.select("item", "stage").iter_rows() if i is not None} \
+        if "item" in rows.columns else set()
+    assert rows.height >= len(want), v.paragraph()
+    if want and matched:
+        assert matched == want, v.paragraph()
+    if not want:
+        assert rows.height == 0, v.paragraph()
 
 
 def _dead_slot(t: dict[str, Any], s: Analysis, v: RunVerdict) -> None:

@@ -3,14 +3,18 @@
 -- A request went wrong when a finding says so: an abnormal request of a dead slot from the one it died on
 -- (fx_dead_slot_sequence), or a runaway (fx_runaway).  It needed what a normal request of its kind takes: the
 -- median duration of the clean requests of its baseline group (run and stage, else run and instance; the
--- whole run's when the group is small); every other request needed what it took.  Two bounds of what the run
+-- whole run's when the group is small); every other request needed what it took, and one the client cancelled
+-- needed nothing (it is sent again, and counted where it is done).  Two bounds of what the run
 -- needed, the larger wins:
 --   shared  the work spread over the slots: the units of work (an item x stage when the requests are matched to
 --           the harness's records, so a retry is not work twice; else a request) / (slots x utilization), where
 --           utilization = the busy seconds of the healthy slots (those that did not die) / (their count x the
 --           time from the run's first start to their last end)
---   chained each slot's own requests back to back at what they needed, with the slot's median gap between
---           requests, from the slot's first start: the bound when the harness pins work to slots
+--   chained what the healthy slots needed: each healthy slot's own requests back to back at what they needed,
+--           with the slot's median gap between requests, from its first start; the longest of them (the dead
+--           slots' own when every slot died).  When the harness pins work to slots, the dead slot's items would
+--           have taken about as long as any healthy slot's; when it shares the work, the healthy slots took over
+--           the dead slot's and this bound is when they were done
 -- `run_s` is the run's span (first start to last end), `needed_s` the larger bound.  One row per run with timed
 -- server requests.
 -- Parameters: $min_group BIGINT.  Relations: fx_requests, fx_dead_slot_sequence, fx_runaway.
@@ -38,6 +42,8 @@ need AS (
            CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.med ELSE w.med END AS typical_s,
            r.start_key - lag(r.end_key) OVER (PARTITION BY r.run, r.instance, r.slot ORDER BY r.seq, r.line_first) AS gap_s
     FROM req r LEFT JOIN grp g USING (run, bgroup) LEFT JOIN whole w USING (run)
+    -- a request the client cancelled is sent again (or lost): its work is counted where it is done
+    WHERE NOT coalesce(r.stop_reason = 'cancelled', false)
 ),
 units AS (
     SELECT run, unit, coalesce(min(own_s), any_value(typical_s)) AS need_s FROM need GROUP BY run, unit
@@ -68,7 +74,10 @@ bounds AS (
     SELECT p.run, p.last_end - p.first_start AS run_s,
            (SELECT sum(u.need_s) FROM units u WHERE u.run = p.run)
                / nullif(x.slots * least(x.utilization, 1.0), 0) AS shared_s,
-           (SELECT max(c.chained_s) FROM chains c WHERE c.run = p.run) AS chained_s,
+           coalesce((SELECT max(c.chained_s) FROM chains c
+                     WHERE c.run = p.run AND NOT EXISTS (SELECT 1 FROM dead d WHERE d.run = c.run
+                                                         AND d.instance = c.instance AND d.slot = c.slot)),
+                    (SELECT max(c.chained_s) FROM chains c WHERE c.run = p.run)) AS chained_s,
            x.slots, x.healthy_slots, x.utilization,
            (SELECT count(*) FROM bad b WHERE b.run = p.run) AS wrong_requests
     FROM span p JOIN use x USING (run)

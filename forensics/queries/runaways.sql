@@ -1,7 +1,8 @@
 -- runaways: requests whose output ran away.
 --
 -- A request counts when one of these holds (all that hold are listed in `why`):
---   tokens           gen_tokens >= $min_tokens and gen_tokens > $factor x the $quantile quantile of
+--   tokens           gen_tokens >= $min_tokens (or the client cancelled it: cut short, it would have gone on)
+--                    and gen_tokens > $factor x the $quantile quantile of
 --                    gen_tokens over the clean requests of its baseline group (run and stage when stages
 --                    are known, else run and instance; the whole run when the group has fewer than
 --                    $min_group clean requests)
@@ -45,7 +46,7 @@ task_ev AS (  -- one scan of the events for both kinds
 ),
 flags AS NOT MATERIALIZED (
     SELECT b.*,
-           (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
+           ((b.gen_tokens >= $min_tokens OR coalesce(b.stop_reason = 'cancelled', false)) AND b.normal_q IS NOT NULL
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
            (coalesce(b.gen_tokens >= $min_tokens OR (b.normal_q IS NOT NULL AND b.gen_tokens > $factor * b.normal_q),
                      false)
