@@ -275,8 +275,16 @@ def one_knee(fit: Fit | None, m_knee: float | None, xs: list[float], gain: list[
         g, lt = (gain[nxt], lat_step[nxt]) if nxt is not None else (None, None)
         return x, None, f"{_fitted(fit, label)}: above {label} {_fmt_x(x)} {_step_words(g, lt, unit, 'adds')}"
     lo, hi = xs[at - 1], xs[at]
+    g = gain[at]
+    if g is not None and g >= KNEE_GAIN:  # the runs' own step disagrees with the model: say both
+        later = "; ".join(f"{_fmt_x(xs[i - 1])} to {_fmt_x(xs[i])} {gain[i] * 100:.0f} %"
+                          for i in range(at + 1, len(xs)) if gain[i] is not None)
+        return lo, (lo, hi), (f"{_fitted(fit, label)}: the fitted model puts the knee between {label} {_fmt_x(lo)} "
+                              f"and {_fmt_x(hi)}, but measured, the step from {_fmt_x(lo)} to {_fmt_x(hi)} still "
+                              f"added {g * 100:.0f} % throughput per {unit}" + (f" (then {later})" if later else "")
+                              + ": the runs are noisier than the fit")
     return lo, (lo, hi), (f"{_fitted(fit, label)}: the knee is between {label} {_fmt_x(lo)} and {_fmt_x(hi)}: "
-                          f"from {_fmt_x(lo)} to {_fmt_x(hi)} {_step_words(gain[at], lat_step[at], unit, 'added')}")
+                          f"from {_fmt_x(lo)} to {_fmt_x(hi)} {_step_words(g, lat_step[at], unit, 'added')}")
 
 
 def _fitted(fit: Fit, label: str) -> str:

@@ -105,6 +105,8 @@ def test_the_cost_is_what_the_truth_says(base: Path) -> None:
         store = store_of(folder, base)
         [v] = verdict(store, _run(store))
         cost = next((f.fields for f in v.facts if f.kind == "cost"), {})
+        if t.get("dead_slot"):
+            assert "needed_s" in cost, v.paragraph()  # a dead slot that cost nothing would not be one
         if "run_s" in cost:
             assert cost["run_s"] == pytest.approx(t["run_wall_s"], rel=0.10), folder.id
         if t.get("dead_slot") and t.get("worker_items"):
@@ -118,6 +120,18 @@ def test_the_cost_is_what_the_truth_says(base: Path) -> None:
             assert cost["needed_s"] == pytest.approx(needed, rel=0.10), (folder.id, cost, needed)
             checked += 1
     assert checked or not any(f.truth.get("dead_slot") and f.truth.get("worker_items") for f in FOLDERS)
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if f.truth.get("tokens_predicted_total")],
+                         ids=[f.id for f in FOLDERS if f.truth.get("tokens_predicted_total")])
+def test_throughput_is_the_clients(folder: RunFolder, base: Path) -> None:
+    """Generated tokens per second of wall time, as the harness measured them: within 5 %."""
+    from forensics import metrics
+
+    store = store_of(folder, base)
+    [row] = metrics.throughput(store, [_run(store)]).iter_rows(named=True)
+    truth = folder.truth["tokens_predicted_total"] / folder.truth["run_wall_s"]
+    assert row["gen_tok_per_s"] == pytest.approx(truth, rel=0.05)
 
 
 def _no_false_alarm(folder: RunFolder, kinds: set[str], v: RunVerdict) -> None:
