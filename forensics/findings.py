@@ -137,15 +137,22 @@ def _candidates(rec: int) -> list[int]:
     return sorted({rec, *powers})
 
 
+def cut_by_cap(cap: int) -> pl.Expr:
+    """The rows of cap.sql an output cap of ``cap`` tokens cuts: a normal response that reached it (≥ cap: it would
+    have ended at the cap) and a runaway that went past it."""
+    return (pl.col("normal") & (pl.col("gen_tokens") >= cap)) | (pl.col("runaway") & (pl.col("gen_tokens") > cap))
+
+
 def _whatif(df: pl.DataFrame, caps: list[int], rec: int, stage: str | None) -> list[dict[str, object]]:
     out = []
     gen = df["gen_tokens"].cast(pl.Float64)
     for c in caps:
         over = (gen - c).clip(lower_bound=0)
+        cut = df.filter(cut_by_cap(c))
         out.append({
             "stage": stage, "cap": c, "recommended": c == rec,
-            "normal_cut": int(df.filter(pl.col("normal") & (pl.col("gen_tokens") >= c)).height),
-            "runaways_stopped": int(df.filter(pl.col("runaway") & (pl.col("gen_tokens") > c)).height),
+            "normal_cut": int(cut["normal"].sum()),
+            "runaways_stopped": int(cut["runaway"].sum()),
             "runaways": int(df["runaway"].sum()),
             "tokens_saved": int(over.sum()),
             "seconds_saved": round(float((over * df["ms_per_token"].fill_null(0.0)).sum()) / 1000.0, 1),
@@ -230,6 +237,21 @@ def caps_by_run(source: Source, runs: Runs = None, *, margin: float = 0.2,
     response), with what it would have done there: runaways stopped, normal responses cut, and whether the
     logs show a cap in force (``capped``)."""
     return rows(source, "cap", runs, thresholds(margin=margin, **overrides))
+
+
+CUT_COLUMNS = ("run", "instance", "slot", "task", "item", "stage", "gen_tokens", "runaway", "normal")
+
+
+def cap_cuts(source: Source, runs: Runs, cap: int, **overrides: float | int | None) -> pl.DataFrame:
+    """The outputs an output cap of ``cap`` tokens would have cut (``cut_by_cap``), one row each: its request, item
+    and stage, its generated tokens, and whether it was a runaway or a normal response."""
+    th = thresholds(**overrides)
+    with analysis(source, runs) as s:
+        names = s.narrowed(runs)
+        s.register("fx_runaway", s.rows("runaway", th, names))
+        s.prepare(names)
+        df = s.query("cap", th, names)
+    return df.filter(cut_by_cap(cap)).select(CUT_COLUMNS)
 
 
 def uncapped_runaway_runs(source: Source, runs: Runs = None, *, margin: float = 0.2,

@@ -5,9 +5,10 @@
 -- generation time per token (to estimate seconds saved by a lower cap), its prompt size, the slot's
 -- context and the cap in force (n_predict; -1 or null = none).  findings.py computes the recommended
 -- cap and the what-if table from these rows (in slot order: the sums come out the same each time; only
--- the columns it reads, to keep a million rows cheap to hand over).
+-- the columns it reads, to keep a million rows cheap to hand over).  The request's keys and item name the outputs
+-- a cap would cut (findings.cap_cuts).
 -- Parameters: none.  Relations: fx_requests (the requests of the chosen runs), fx_runaway.
-SELECT r.run, r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
+SELECT r.run, r.instance, r.slot, r.task, r.item, r.stage, r.gen_tokens, r.prompt_tokens, r.ctx_slot,
        r.n_predict,
        x.task IS NOT NULL AS runaway,
        (r.clean AND x.task IS NULL) AS normal,
