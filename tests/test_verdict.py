@@ -122,3 +122,42 @@ def test_sentences_name_servers_as_the_manifest_does(tmp_path: Path) -> None:
         names = instance_names(s, ["bare", "named"])
     assert names["named"] == {"server": "main", "server#2": "main", "b": "backup"}
     assert names["bare"] == {"server": "server", "server#2": "server", "b": "b"}
+
+
+def test_a_kv_cache_stall_is_named_and_short_retries_are_not(tmp_path: Path) -> None:
+    """`stall`: 40 "failed to find free space" lines with no request released between them (lines 200..239) while
+    slots 0 and 1 held a request each; `bursts`: the same 40 lines as ten bursts of four, each followed by a release
+    (the server halved its batch and went on): no stall."""
+    import polars as pl
+
+    from fixtures.findings.scenarios import Builder, normal, write
+
+    msg = ("update_slots: failed to find free space in the KV cache, retrying with smaller batch size - try "
+           "increasing it via the context size or enable defragmentation, i = -512, n_batch = 512, ret = 1")
+    store = Store(tmp_path / "s", create=True)
+    for run, bursts in (("stall", False), ("bursts", True)):
+        b = Builder(run)
+        for i in range(12):
+            gen, ms = normal(i)
+            b.add(i % 2, gen, ms_tok=ms, line_first=190 if i < 2 else 300 + 10 * i, line_last=250 if i < 2 else
+                  305 + 10 * i)
+        write(store, "requests", b.frame(), run)
+        rows = [{"kind": "srv_other", "level": "W", "line_no": 200 + k, "msg": msg, "task": None} for k in range(40)]
+        if bursts:
+            rows += [{"kind": "release", "level": "I", "line_no": 200 + k + 0.5, "msg": None, "task": k}
+                     for k in range(3, 40, 4)]
+        ev = pl.DataFrame(rows, schema={"kind": pl.String, "level": pl.String, "line_no": pl.Float64,
+                                        "msg": pl.String, "task": pl.Int64})
+        ev = ev.sort("line_no").with_row_index("i").with_columns(pl.col("i").cast(pl.Int64) + 200).drop("line_no") \
+            .rename({"i": "line_no"})
+        write(store, "events", ev, run)
+    store = Store(tmp_path / "s")
+    [v] = verdict(store, "stall")
+    fact = next(f for f in v.facts if f.kind == "kv_stall")
+    assert fact.fields == {"instance": "main", "lines": 40, "requests": 2, "seconds": None}
+    assert fact.sentence.startswith("The KV cache of the server ran out of room: 40 lines of `update_slots: failed "
+                                    "to find free space in the KV cache` from line 200 to line 239 while 2 requests "
+                                    "were in flight: ")
+    assert not v.healthy
+    [b] = verdict(store, "bursts")
+    assert b.healthy, b.paragraph()
