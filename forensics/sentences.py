@@ -335,22 +335,31 @@ def ended(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
 
 # ---------------------------------------------------------------------------------------- stalls, failovers
 def kv_stall(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
-    """``The KV cache of the server ran out of room: 450 lines of `failed to find free space ...` ...``."""
+    """``The KV cache of the server ran out of room: 3,416 lines of `failed to find free space in the KV cache` in 9
+    stretches with nothing released (the longest 256 lines, 41.0 s from 02:07:02), while up to 4 requests were in
+    flight: ...``: one sentence per instance."""
     out = []
-    for r in rows.iter_rows(named=True):
-        first = stamp_of(r["first_ts"], r["first_elapsed_s"], r["line_no"])
-        last = stamp_of(r["last_ts"], r["last_elapsed_s"], r["line_last"])
-        took = _between(r)
-        during = f" while {plural(r['requests'], 'request')} {'was' if r['requests'] == 1 else 'were'} in flight" \
-            + (f" ({r['failed']} failed)" if r["failed"] else "") if r["requests"] else ""
-        words = str(r["message"]).split(",")[0].strip()[:80]
-        who = ctx.server(r["instance"]).replace("The server", "the server")
-        sentence = (f"The KV cache of {who} ran out of room: {count(r['lines'])} lines of `{words}` from "
-                    f"{spoken(first).removeprefix('at ')} to {spoken(last).removeprefix('at ')}{took}{during}: the "
-                    f"server stalled retrying smaller batches; raise -c, lower -np, or cap the outputs.")
-        out.append(Fact("kv_stall", sentence, [r["evidence"]],
-                        {"instance": r["instance"], "lines": r["lines"], "requests": r["requests"],
-                         "seconds": _seconds_between(r)}))
+    for (instance,), g in rows.group_by(["instance"], maintain_order=True):
+        longest = g.sort("lines", descending=True, maintain_order=True).row(0, named=True)
+        first = stamp_of(longest["first_ts"], longest["first_elapsed_s"], longest["line_no"])
+        took = _seconds_between(longest)
+        where = f"{seconds(took)} from {spoken(first).removeprefix('at ')}" if took else \
+            f"from {spoken(first).removeprefix('at ')}"
+        stretches = f"in {g.height} stretches with nothing released (the longest {count(longest['lines'])} lines, " \
+            f"{where})" if g.height > 1 else f"with nothing released ({where})"
+        n_req = int(g["requests"].max())
+        failed = int(g["failed"].sum())
+        during = f", while {'up to ' if g.height > 1 else ''}{plural(n_req, 'request')} " \
+                 f"{'was' if n_req == 1 else 'were'} in flight" + (f" ({failed} failed)" if failed else "") \
+            if n_req else ""
+        words = str(longest["message"]).split(",")[0].strip()[:80]
+        who = ctx.server(instance).replace("The server", "the server")
+        sentence = (f"The KV cache of {who} ran out of room: {count(int(g['lines'].sum()))} lines of `{words}` "
+                    f"{stretches}{during}: the server stalled retrying smaller batches; raise -c, lower -np, or cap "
+                    f"the outputs.")
+        out.append(Fact("kv_stall", sentence, g["evidence"].to_list(),
+                        {"instance": instance, "lines": int(g["lines"].sum()), "stretches": g.height,
+                         "requests": n_req, "seconds": took}))
     return out
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "fixtures" / "server-runs"
@@ -47,6 +49,15 @@ class RunFolder:
     @property
     def id(self) -> str:
         return f"{self.build}/{self.scenario}" if self.build else self.scenario
+
+    @property
+    def kv_warnings(self) -> int:
+        """How many "failed to find free space in the KV cache" lines the README says the log holds (0: none said)."""
+        readme = self.path / "README.md"
+        if not readme.is_file():
+            return 0
+        got = regex.findall(r"([\d,]+) `[^`]*failed to find free space in the KV cache", readme.read_text("utf-8"))
+        return max((int(n.replace(",", "")) for n in got), default=0)
 
     @property
     def prompts(self) -> tuple[str, int] | None:
