@@ -312,7 +312,8 @@ register(Finding(
     breaks_throughput=True, report=False, shown_in="missing", doc="the-verdict"))
 register(Finding(
     "cost", "Cost", "what the findings cost each run: its span against what its requests needed",
-    query="run_cost", uses=("dead_slot_sequence", "runaway"), sentence=S.cost, report=False, doc="the-cost"))
+    query="run_cost", uses=("dead_slot_sequence", "runaway"), tables=("attempts",), sentence=S.cost, report=False,
+    doc="the-cost"))
 register(Finding(
     "errors", "Errors", "Server-side errors, crashes and warnings grouped by message shape (numbers, ids and quoted "
     "words masked), with where they first and last appeared and the lines to read.", query="errors",

@@ -162,8 +162,7 @@ def _runaways(t: dict[str, Any], rows: pl.DataFrame, v: RunVerdict) -> None:
     matched = {(i, st) for i, st in rows.select("item", "stage").iter_rows() if i is not None} \
         if "item" in rows.columns else set()
     assert rows.height >= len(want), v.paragraph()
-    if want and matched:
-        assert matched == want, v.paragraph()
+    assert matched <= want, v.paragraph()  # the join may leave a runaway untied to its attempt, never tie it wrong
     if not want:
         assert rows.height == 0, v.paragraph()
 

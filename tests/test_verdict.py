@@ -154,10 +154,10 @@ def test_a_kv_cache_stall_is_named_and_short_retries_are_not(tmp_path: Path) -> 
     store = Store(tmp_path / "s")
     [v] = verdict(store, "stall")
     fact = next(f for f in v.facts if f.kind == "kv_stall")
-    assert fact.fields == {"instance": "main", "lines": 40, "requests": 2, "seconds": None}
+    assert fact.fields == {"instance": "main", "lines": 40, "stretches": 1, "requests": 2, "seconds": None}
     assert fact.sentence.startswith("The KV cache of the server ran out of room: 40 lines of `update_slots: failed "
-                                    "to find free space in the KV cache` from line 200 to line 239 while 2 requests "
-                                    "were in flight: ")
+                                    "to find free space in the KV cache` with nothing released (from line 200), "
+                                    "while 2 requests were in flight: ")
     assert not v.healthy
     [b] = verdict(store, "bursts")
     assert b.healthy, b.paragraph()

@@ -15,9 +15,10 @@
 --           slots' own when every slot died).  When the harness pins work to slots, the dead slot's items would
 --           have taken about as long as any healthy slot's; when it shares the work, the healthy slots took over
 --           the dead slot's and this bound is when they were done
--- `run_s` is the run's span (first start to last end), `needed_s` the larger bound.  One row per run with timed
+-- `run_s` is the run's span: the harness's (first attempt sent to last answered) when the run has records, else
+-- the server's (first request start to last end); `needed_s` the larger bound.  One row per run with timed
 -- server requests.
--- Parameters: $min_group BIGINT.  Relations: fx_requests, fx_dead_slot_sequence, fx_runaway.
+-- Parameters: $min_group BIGINT.  Relations: fx_requests, fx_dead_slot_sequence, fx_runaway, attempts.
 WITH bad AS (
     SELECT DISTINCT run, instance, slot, task FROM fx_dead_slot_sequence
     WHERE abnormal AND dead_seq IS NOT NULL AND seq >= dead_seq AND NOT recovered
@@ -70,8 +71,12 @@ use AS (
                / nullif(sum(s.last_end - p.first_start) FILTER (WHERE NOT s.died), 0) AS utilization
     FROM slots s JOIN span p USING (run) GROUP BY s.run
 ),
+client AS (  -- the harness's own span of the run, when it has records: the truth a log without time lacks
+    SELECT run, epoch(max(ended_at)) - epoch(min(started_at)) AS run_s
+    FROM attempts WHERE run IN (SELECT run FROM span) GROUP BY run
+),
 bounds AS (
-    SELECT p.run, p.last_end - p.first_start AS run_s,
+    SELECT p.run, coalesce((SELECT c.run_s FROM client c WHERE c.run = p.run), p.last_end - p.first_start) AS run_s,
            (SELECT sum(u.need_s) FROM units u WHERE u.run = p.run)
                / nullif(x.slots * least(x.utilization, 1.0), 0) AS shared_s,
            coalesce((SELECT max(c.chained_s) FROM chains c
