@@ -15,7 +15,6 @@ import importlib
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 import click
@@ -32,7 +31,7 @@ from forensics.errors import ExitCode, ForensicsError, InternalError, bug_bounda
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch")
+                   "demo", "watch", "mapping", "export", "planning")
 
 
 class ForensicsGroup(click.Group):
@@ -83,11 +82,11 @@ def usage_line(exc: click.UsageError) -> str:
 @click.group(cls=ForensicsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="llama-forensics")
 @click.option("--debug", is_flag=True, help="Show the Python traceback of an internal error (also FORENSICS_DEBUG=1).")
-@click.option("--store", "store_path", type=click.Path(path_type=Path), default=None,
-              help="Store directory for the command (its own --store wins; default: $FORENSICS_STORE, else "
-                   "./forensics-store).")
+@click.option("--store", "stores", multiple=True,
+              help="Store directory for the command (repeatable; the command's own --store wins; default: "
+                   "$FORENSICS_STORE, else ./forensics-store).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, store_path: Path | None) -> None:
+def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
     """Forensics for llama-server logs and batch replay runs.
 
     \b
@@ -102,7 +101,7 @@ def cli(ctx: click.Context, debug: bool, store_path: Path | None) -> None:
     Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error;
     3 internal error (a bug: --debug shows the traceback).
     """
-    ctx.obj = {"debug": debug, "store": store_path}
+    ctx.obj = {"debug": debug, "stores": list(stores)}
     if debug:
         os.environ["FORENSICS_DEBUG"] = "1"  # the library prints the traceback of a bug it recovers from
 

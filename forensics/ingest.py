@@ -351,6 +351,7 @@ class IngestOptions:
     keep_going: bool = False  # --keep-going: a file that cannot be read does not fail the others
     mapping: Path | str | None = None  # --mapping: how to read a harness's own records
     tz: str = "UTC"  # --tz: the zone of log times written without one
+    exclude: tuple[str, ...] = ()  # --exclude: globs of files not to read (names, or paths below a folder)
 
 
 class Ingestor:
@@ -369,6 +370,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
+        self.named: set[str] = set()  # records files named on the command line (a mapping tries them by content)
         self.loaded_mapping: Mapping | None = None  # the --mapping, loaded (its files globs decide what it reads)
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
@@ -413,6 +415,11 @@ class Ingestor:
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
+        if fmt_name is None and root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:
+            # a run folder's notes and configs, even when a README quotes log lines: not read as a log
+            self.result.files.append(FileReport(str(path), "not a log", "skipped",
+                                                message=f"a {path.suffix} file that is not a log: not read"))
+            return
         pre = self.prefetch.take(path) if self.prefetch is not None else None
         if fmt_name is None and pre is not None and pre.result.total <= HEAD_LINES:
             fmt_name = voted_format(self._engine(), pre.result.kind_counts)
@@ -430,9 +437,7 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(replace(now, format="empty"))
                 return
-            if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
-                self.result.files.append(FileReport(str(path), "not a log", "skipped",
-                                                    message=f"a {path.suffix} file that is not a log: not read"))
+            if replay_sidefiles().take(self, path, root, now):  # a server dump read, or another file passed over
                 return
             raise UnknownFormatError("not a llama-server log or replay record this version knows", path=str(path),
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "
@@ -482,8 +487,12 @@ class Ingestor:
 
             kind = replay.detect(path)
         mp = self.loaded_mapping
-        if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
-            kind = "mapped"
+        reads_text = mp is not None and mp.fmt_for(path) == "text"  # a printed report: a log is still a log
+        if kind is None and mp is not None and ((mp.names(path) and not (reads_text and detect_format(path)))
+                                                or (named and (not mp.has_globs or detect_format(path) is None))):
+            kind = "mapped"  # a file named with --mapping that no glob names is tried by content (a renamed file)
+            if named:
+                self.named.add(str(path))
         if kind is not None:
             self._queue_records(path, kind, run)
         return kind is not None
@@ -975,6 +984,19 @@ def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
 
 
+def _dumped_runs(ing: Ingestor) -> list[str]:
+    """The runs a /metrics dump was read into by this ingest."""
+    fids = [file_id_of(Path(f.path)) for f in ing.result.files if f.kind == "server:metrics" and f.status == "ingested"]
+    return sorted({str(ing.files_meta[fid].get("run")) for fid in fids if fid in ing.files_meta})
+
+
+def replay_sidefiles() -> Any:
+    """forensics.replay.sidefiles: what a run folder holds besides logs and records (imported when needed)."""
+    from forensics.replay import sidefiles
+
+    return sidefiles
+
+
 def check_tz(tz: str) -> str:
     """``tz`` if it is a time zone polars knows (IANA names such as Europe/Berlin, or UTC)."""
     try:
@@ -994,6 +1016,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     files, hidden = discover(paths)
     inside = store_path.resolve()
     files = [(f, r) for f, r in files if not resolved(f).is_relative_to(inside)]  # the store itself
+    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)]
+    files = [(f, r) for f, r in files if f not in left_out]
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
@@ -1011,6 +1035,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
+        if left_out:
+            ing.result.warnings.append(f"left out {len(left_out)} file{'s' if len(left_out) > 1 else ''} by --exclude "
+                                       f"(e.g. {left_out[0]})")
         _ingest_each(ing, files)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
@@ -1019,6 +1046,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
                 _ingest_records(ing, store)
             finally:
                 ing.keep_going = wanted
+        passed = replay_sidefiles().skipped_line(ing.result.files)
+        if passed:
+            ing.result.warnings.append(passed)
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
             ing.txn.meta_updates["join_pending"] = True
@@ -1030,6 +1060,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
             ing.txn.flush()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
+        ing.result.warnings.extend(replay_sidefiles().counter_notes(store, _dumped_runs(ing)))
         ing.result.compacted = _compact_when_many(store)
         if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
@@ -1200,7 +1231,7 @@ def _ingest_records(ing: Ingestor, store: Store) -> None:
     reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:") or f.status == "error"}
     for path, _kind, run, mapping in ing.records:
         rep = reports.get(str(path))
-        if rep is None or rep.status == "error":
+        if rep is None or rep.status in ("error", "skipped"):
             continue
         stat = path.stat()
         found = FileState.found(path, file_id_of(path), run, stat, hashlib.sha256(read_head(path, 4096)).hexdigest())

@@ -34,7 +34,7 @@ from forensics.store import Store
 MAX_ROWS = 200
 FOLD_CHARS = 120  # a cell longer than this is folded: its start shown, the rest behind a click
 SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"),
-            ("throughput", "Throughput"), ("metrics", "Run metrics"))
+            ("throughput", "Throughput"), ("whatif", "What if"), ("metrics", "Run metrics"))
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; padding: 0 1em; }
@@ -236,6 +236,7 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
 
 
 def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
+    from forensics.planning.section import whatif_section
     from forensics.verdict import verdict
 
     notes: list[str] = []
@@ -244,7 +245,9 @@ def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
     body = [_verdict_section(verdicts) if every else f'<p class="na">{html.escape(why)}</p>',
             _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes)]
     throughput, detail = _throughput_section(session.store, names, every or [], charts)
-    body += [throughput, detail]
+    whatif, whatif_notes = whatif_section(session.store, names, charts, html_table)
+    notes += whatif_notes
+    body += [throughput, whatif, detail]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)
     title = f"Run {names[0]}" if len(names) == 1 else f"Runs {', '.join(names)}"

@@ -73,6 +73,8 @@ def sql_strings(values: list[str]) -> str:
 
 def view_names(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The views a connection has (a store's tables it bound, and any a caller added)."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):  # another engine's connection knows its own
+        return con.view_names()  # type: ignore[no-any-return]
     return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
@@ -174,6 +176,7 @@ class Store:
         self._manifest = self._read_manifest()
         self._names_cache: dict[tuple[str, ...], list[str] | None] = {}
         self.recovered: list[str] = []  # what the last ``lock`` found to finish or discard
+        self.engine: Any = None  # None: DuckDB in this process; else the engine whose connections read it
 
     # ------------------------------------------------------------------ layout
     def _init(self) -> None:
@@ -377,10 +380,14 @@ class Store:
 
     # ------------------------------------------------------------------ reading
     def connect(self, *, tables: list[str] | None = None, existing_only: bool = False) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with one view per table (same names as the tables).
+        """A connection with one view per table (same names as the tables): an in-memory DuckDB connection, or
+        the ``engine``'s (``forensics.spark``) when one is set.  Either way it is the seam the analysis runs
+        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.
 
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
+        if self.engine is not None:
+            return self.engine.connect(self, tables=tables, existing_only=existing_only)  # type: ignore[no-any-return]
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         # Parts never change once committed: a query that scans a table again (a finding reads several)
@@ -395,7 +402,10 @@ class Store:
         for table in tables:
             self._create_view(con, table)
 
-    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
+    def table_files(self, table: str, existing_only: bool = False) -> tuple[list[str], list[tuple[str, list[str]]]]:
+        """The files holding ``table``'s rows: its parts' own files (``run`` in their hive path) and its packs,
+        each with the parts dropped since packing (their rows are left out).  A listed file missing on disk
+        raises StoreError, unless ``existing_only`` (then it is left out)."""
         packed = self.packed(table)
         own = [str(self.root / p) for p in self.parts(table) if p not in packed]
         live = set(self.parts(table))
@@ -405,15 +415,24 @@ class Store:
         if missing and not existing_only:
             raise StoreError(f"{missing[0]} is listed in the store's manifest but missing",
                              hint="run `forensics check` to see how to repair the store")
-        own = [p for p in own if p not in missing]
-        packs = [(path, dead) for path, dead in packs if path not in missing]
-        if not own and not packs:
+        return [p for p in own if p not in missing], [(path, dead) for path, dead in packs if path not in missing]
+
+    def view_source(self, table: str, existing_only: bool = False) -> str | None:
+        """The FROM of ``table``'s DuckDB view, None when no file holds its rows."""
+        own, packs = self.table_files(table, existing_only)
+        return self._source(own, packs) if own or packs else None
+
+    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
+        if self.engine is not None:  # the engine's connection binds its own views
+            con.bind(self, table, existing_only)  # type: ignore[attr-defined]
+            return
+        source = self.view_source(table, existing_only)
+        if source is None:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
             )
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
             return
-        source = self._source(own, packs)
         try:
             try:
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {self._columns(table, None)} FROM {source}")

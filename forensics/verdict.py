@@ -126,15 +126,17 @@ def broken_kinds() -> tuple[str, ...]:
     return tuple(f.name for f in registry.findings(breaks_throughput=True))
 
 
-def comparable_healthy_runs(store: Store, runs: list[str], known: list[RunVerdict] | None = None) -> Comparable:
+def comparable_healthy_runs(store: Store, runs: list[str], known: list[RunVerdict] | None = None,
+                            keep: tuple[str, ...] = ()) -> Comparable:
     """The runs a throughput comparison for ``runs`` may pool (``metrics.comparable_runs``: the runs named, or
     one run's sweep), less those that measured a broken server (a dead slot, a crash, a run that did not
-    complete), each left out with its verdict's sentences.  ``known``: verdicts already computed."""
+    complete), each left out with its verdict's sentences.  ``known``: verdicts already computed; ``keep``:
+    finding kinds that do not leave a run out for this caller."""
     have = {v.run: v for v in known or []}
     pool = metrics.comparable_runs(store, runs).runs
     todo = [r for r in pool if r not in have]
     have.update({v.run: v for v in (verdict(store, todo) if todo else [])})
-    kinds = broken_kinds()
+    kinds = tuple(k for k in broken_kinds() if k not in keep)
 
     def breaks(f: Fact) -> bool:
         return f.kind in kinds and f.severity == FINDING

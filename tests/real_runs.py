@@ -86,8 +86,12 @@ def folders(root: Path | None = None) -> list[RunFolder]:
         if not _has_log(p):
             continue
         rel = p.relative_to(root).parts
-        build, scenario = (rel[0], rel[-1]) if len(rel) > 1 else ("", rel[0])
         labels = p / "labels.json"
         truth = json.loads(labels.read_text(encoding="utf-8")) if labels.is_file() else README_TRUTH.get(p.name, {})
+        # <build>/<scenario>/ as recorded, or <build>-<scenario>/ as fixtures/ keeps them; labels.json says which
+        build = str(truth.get("build") or (rel[0] if len(rel) > 1 else ""))
+        scenario = rel[-1]  # the folder's name (a re-recorded scenario may keep its old label in labels.json)
+        if len(rel) == 1 and build and scenario.startswith(f"{build}-"):
+            scenario = scenario[len(build) + 1:]
         out.append(RunFolder(p, build, scenario, truth))
     return out

@@ -41,6 +41,10 @@ def _walks_the_findings(text: str) -> None:
             "added 8 % throughput and 14 % latency") in text
     assert "│ dead slot ┆ 4   │" in text and "│ runaway   ┆ 2   │" in text
     assert "Items missing only in run-np6: CRM." in text
+    # what if: the run's own budget (requests under 120 s), the recommended np and cap, the run replayed there
+    assert "Recommended np 16 with output cap 1024 (predicted: the median of run-np1" in text
+    assert "run-np6 at np 16 (it ran at np 6) with output cap 1024: run time " in text
+    assert "Cap 1024 cuts 2 runaway(s) (CRM/extract), 0 normal response(s)" in text
 
 
 def test_the_notebook_walks_the_users_store(demo: tuple[Path, Any], tmp_path: Path,

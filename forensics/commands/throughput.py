@@ -43,6 +43,10 @@ def throughput(runs: tuple[str, ...], by: str | None, source: str, fmt: str, sto
         if estimated:
             click.echo(f"note: runs {', '.join(estimated)} have no timestamps: wall_s, rates, "
                        "effective_concurrency and peak_busy_slots are estimates from request order", err=True)
+        from forensics.replay.clock import clock_notes
+
+        for note in clock_notes(m):
+            click.echo(f"note: {note}", err=True)
         return
     _fit(store, list(runs), by, source, fmt)
 

@@ -103,7 +103,8 @@ known AS (
     SELECT m.run, m.instance, m.slot, m.seq, m.line_first,
            row_number() OVER w_slot AS pos,
            -- streaks of abnormal requests: a streak's rows share the count of normal requests before them
-           sum(CASE WHEN abnormal THEN 0 ELSE 1 END) OVER (w_slot ROWS UNBOUNDED PRECEDING) AS streak,
+           sum(CASE WHEN abnormal THEN 0 ELSE 1 END) OVER (PARTITION BY run, instance, slot ORDER BY seq, line_first
+                                                      ROWS UNBOUNDED PRECEDING) AS streak,
            abnormal AND coalesce(lead(abnormal) OVER w_slot, false)
            AND NOT coalesce(item IS NOT NULL AND item = lead(item) OVER w_slot
                             AND stage IS NOT DISTINCT FROM lead(stage) OVER w_slot, false) AS starts_pair,
@@ -148,8 +149,8 @@ slots AS (
 ),
 candidates AS (
     SELECT p.run, p.instance, p.slot,
-           any_value(p.seq) FILTER (WHERE p.pos = s.dead_pos) AS dead_seq,
-           any_value(p.pair_why) FILTER (WHERE p.pos = s.dead_pos) AS dead_why,
+           max(CASE WHEN p.pos = s.dead_pos THEN p.seq END) AS dead_seq,  -- one row: the one it died on
+           max(CASE WHEN p.pos = s.dead_pos THEN p.pair_why END) AS dead_why,
            any_value(s.n) - any_value(s.last_bad) >= 2 AS recovered
     FROM paired p
     JOIN slots s ON s.run IS NOT DISTINCT FROM p.run AND s.instance IS NOT DISTINCT FROM p.instance

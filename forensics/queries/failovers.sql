@@ -1,31 +1,33 @@
--- failovers: the client's side of a run, from the harness's own records: every attempt the client gave up on (a
--- timeout) and every failed attempt whose next try went to another server (the harness failed over).  One row
--- per such attempt: `server`, `outcome`, `error`, `waited_s` (how long the client waited for it), and where the
--- next attempt of the same item and stage went (`next_server`, `next_outcome`; `failed_over`: to another
--- server).  Per run (the same on each of its rows): `served`, which server finished how many attempts ok
--- ("main 44, backup 4").
--- Parameters: $runs VARCHAR[].  Relations: attempts.
-WITH att AS (
-    SELECT run, item, stage, attempt, server, outcome, error, http_status, started_at, ended_at, source,
-           source_line,
-           lead(server) OVER w AS next_server, lead(outcome) OVER w AS next_outcome
-    FROM attempts
-    WHERE run IN (SELECT unnest($runs))
-    WINDOW w AS (PARTITION BY run, item, stage ORDER BY attempt, started_at)
+-- failovers: replay attempts sent to another server after the same item and stage failed on one.
+--
+-- One row per attempt whose previous attempt (same run, item and stage) did not end ok and went to a
+-- different server (the harness's name for it, `attempts.server`): where the retry went (instance, path,
+-- slot, seq of the server request the join matched to it, when it did), where it came from
+-- (from_server, from_outcome, from_error) and the failed attempt's server request lines (from_lines).
+-- Parameters: $runs VARCHAR[].  Relations: attempts, replay_matches, replay_requests.
+WITH a AS (
+    SELECT t.run, t.item, t.stage, t.attempt, t.server, t.outcome, t.error, t.http_status,
+           mt.instance, mt.path, mt.slot, mt.seq
+    FROM attempts t
+    LEFT JOIN replay_matches mt ON mt.run = t.run AND mt.item = t.item AND mt.stage = t.stage
+                               AND mt.attempt = t.attempt AND mt."match" = 'matched'
+    WHERE t.run IN (SELECT unnest($runs))
 ),
-served AS (
-    SELECT run, string_agg(server || ' ' || n, ', ' ORDER BY n DESC, server) AS served
-    FROM (SELECT run, coalesce(server, '?') AS server, count(*) AS n FROM att WHERE outcome = 'ok' GROUP BY ALL)
-    GROUP BY run
+prev AS (
+    SELECT a.*,
+           lag(server) OVER w AS from_server, lag(outcome) OVER w AS from_outcome,
+           lag(error) OVER w AS from_error, lag(http_status) OVER w AS from_status,
+           lag(instance) OVER w AS from_instance, lag(path) OVER w AS from_path,
+           lag(slot) OVER w AS from_slot, lag(seq) OVER w AS from_seq
+    FROM a
+    WINDOW w AS (PARTITION BY run, item, stage ORDER BY attempt)
 )
-SELECT a.run, a.item, a.stage, a.attempt, a.server, a.outcome, a.error, a.http_status,
-       round(epoch(a.ended_at) - epoch(a.started_at), 3) AS waited_s, a.next_server, a.next_outcome,
-       coalesce(a.next_server IS DISTINCT FROM a.server AND a.next_server IS NOT NULL AND a.server IS NOT NULL,
-                false) AS failed_over,
-       s.served, a.started_at, a.source || ':' || a.source_line AS evidence
-FROM att a
-LEFT JOIN served s USING (run)
-WHERE coalesce(a.outcome, 'failed') <> 'ok'
-  AND (a.outcome = 'timeout'
-       OR (a.next_server IS NOT NULL AND a.server IS NOT NULL AND a.next_server IS DISTINCT FROM a.server))
-ORDER BY a.run, a.started_at, a.item, a.stage, a.attempt
+SELECT p.run, p.item, p.stage, p.attempt, p.server, p.instance, p.path, p.slot, p.seq,
+       p.from_server, p.from_outcome, coalesce(p.from_error, 'HTTP ' || p.from_status) AS from_error,
+       p.from_instance,
+       regexp_extract(rq.path, '[^/]+$') || ':' || rq.line_first || '-' || rq.line_last AS from_lines
+FROM prev p
+LEFT JOIN replay_requests rq ON rq.run = p.run AND rq.instance = p.from_instance AND rq.path = p.from_path
+                            AND rq.slot IS NOT DISTINCT FROM p.from_slot AND rq.seq IS NOT DISTINCT FROM p.from_seq
+WHERE p.from_outcome IS NOT NULL AND p.from_outcome <> 'ok' AND p.server IS DISTINCT FROM p.from_server
+ORDER BY p.run, p.item, p.stage, p.attempt
