@@ -15,125 +15,45 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import fields
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from forensics.commands.options import (  # noqa: F401  (the names commands used to find here)
+    fail_on_option,
+    format_option,
+    open_store,
+    resolve_store,
+    store_option,
+    typed_options,
+)
 from forensics.errors import ExitCode, ForensicsError, InternalError, bug_boundary
-from forensics.paths import default_store_path
-
-T = TypeVar("T")
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
                    "demo", "watch", "mapping", "export", "planning")
 
 
-def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        ctx.meta[f"forensics.{key}"] = value
-        source = ctx.get_parameter_source(param.name or "")
-        ctx.meta[f"forensics.{key}_given"] = source is click.core.ParameterSource.COMMANDLINE
-        return value
-    return callback
-
-
-def _stores(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Path | None:
-    """Every ``--store`` is kept for ``open_store``; the command sees the first (or None), as before."""
-    ctx.meta["forensics.stores"] = list(value)
-    return Path(value[0]) if value else None
-
-
-def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--store`` (repeatable: several hosts' stores read as one), ``--engine`` and ``--spark-master``."""
-    fn = click.option(
-        "--spark-master", default=None, envvar="FORENSICS_SPARK_MASTER", expose_value=False,
-        callback=_remember("spark_master"), help="Spark master URL for --engine spark (default: local[*]).")(fn)
-    fn = click.option(
-        "--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
-        envvar="FORENSICS_ENGINE", expose_value=False, callback=_remember("engine"),
-        help="Where the queries run: DuckDB in this process, or Spark ($FORENSICS_ENGINE).")(fn)
-    return click.option(
-        "--store", "store_path", multiple=True, callback=_stores,
-        help="Store directory (default: $FORENSICS_STORE, else ./forensics-store); repeat it, or give a pattern, "
-             "to read several hosts' stores as one (HOST=DIR names the host).",
-    )(fn)
-
-
-def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
-        help="Output format (JSON: an array of objects keyed by column name).",
-    )(fn)
-
-
-def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--fail-on", type=click.Choice(["any", "never"]), default="never", show_default=True,
-        help="Exit 1 when something is found (any), for smoke tests and CI.",
-    )(fn)
-
-
-def typed_options(cls: type[T], opts: dict[str, Any]) -> T:
-    """A command's options as its typed dataclass: click passes them as keyword arguments (so a command
-    with many options keeps a short signature); options shared by several commands (the finding
-    thresholds) go into the dataclass's ``thresholds`` field when it has one."""
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    known = {k: v for k, v in opts.items() if k in names}
-    if "thresholds" in names:
-        known["thresholds"] = {k: v for k, v in opts.items() if k not in names}
-    return cls(**known)
-
-
-def _meta() -> dict[str, Any]:
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta if ctx is not None else {}
-
-
-def _reading() -> tuple[list[str], str, str | None]:
-    """The ``--store`` values, ``--engine`` and ``--spark-master`` of the command being run."""
-    meta = _meta()
-    engine = meta.get("forensics.engine") or os.environ.get("FORENSICS_ENGINE") or "duckdb"
-    return list(meta.get("forensics.stores") or []), engine, meta.get("forensics.spark_master")
-
-
-def resolve_store(path: Path | None) -> Path:
-    """The one store a writing command (ingest, watch) writes to."""
-    from forensics.errors import StoreError
-    from forensics.fleet import READ_ONLY
-
-    specs, engine, _ = _reading()
-    if len(specs) > 1:
-        raise StoreError("this command writes to one store, and several were given", hint=READ_ONLY)
-    if engine != "duckdb" and _meta().get("forensics.engine_given"):  # $FORENSICS_ENGINE is for the readers
-        raise StoreError(f"this command does not run on --engine {engine}: it reads files and writes one store",
-                         hint="drop --engine (or FORENSICS_ENGINE) for it; the commands that read the store take it")
-    return path if path is not None else default_store_path()
-
-
-def open_store(path: Path | None) -> Any:
-    """The store at ``--store`` (else $FORENSICS_STORE, else ./forensics-store), or the fleet of stores that
-    several ``--store`` (or a pattern) name, read by ``--engine``; a missing one is an error that says to
-    ingest first."""
-    from forensics.fleet import open_fleet
-
-    specs, engine, master = _reading()
-    if not specs or Path(specs[0]) != path:  # called with a path of its own
-        specs = [str(path if path is not None else default_store_path())]
-    store = open_fleet(specs)
-    if engine == "spark":
-        from forensics.spark import use_spark
-
-        use_spark(store, master)
-    return store
-
-
 class ForensicsGroup(click.Group):
     """Turns errors into one line on stderr and their exit code, for every command: the library's own
     errors exit 2, anything else is a bug and exits 3 (``bug_boundary``)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """A usage error (an unknown option, a missing argument, a bad choice) is one line too."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            click.echo(usage_line(exc), err=True)
+            sys.exit(int(ExitCode.USAGE))
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("forensics: aborted", err=True)
+            sys.exit(130)
+        sys.exit(int(rv) if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -150,11 +70,23 @@ class ForensicsGroup(click.Group):
             ctx.exit(int(exc.exit_code))
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """``forensics: error: <click's message on one line> (see `forensics CMD --help`)``."""
+    text = " ".join(exc.format_message().split())
+    cmd = exc.ctx.command_path.replace("cli", "forensics", 1) if exc.ctx is not None else "forensics"
+    if not cmd.startswith("forensics"):
+        cmd = "forensics " + cmd
+    return f"forensics: error: {text} (see `{cmd} --help`)"
+
+
 @click.group(cls=ForensicsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="llama-forensics")
 @click.option("--debug", is_flag=True, help="Show the Python traceback of an internal error (also FORENSICS_DEBUG=1).")
+@click.option("--store", "stores", multiple=True,
+              help="Store directory for the command (repeatable; the command's own --store wins; default: "
+                   "$FORENSICS_STORE, else ./forensics-store).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
     """Forensics for llama-server logs and batch replay runs.
 
     \b
@@ -169,7 +101,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error;
     3 internal error (a bug: --debug shows the traceback).
     """
-    ctx.obj = {"debug": debug}
+    ctx.obj = {"debug": debug, "stores": list(stores)}
     if debug:
         os.environ["FORENSICS_DEBUG"] = "1"  # the library prints the traceback of a bug it recovers from
 
@@ -188,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("forensics: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        click.echo(usage_line(exc), err=True)
+        sys.exit(int(ExitCode.USAGE))
     except click.ClickException as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE))

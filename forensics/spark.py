@@ -231,12 +231,29 @@ def table_frame(spark: Any, store: Store, table: str, existing_only: bool = Fals
 
 # ---------------------------------------------------------------------------------------------- transpiling
 def _json_type(structure: str) -> str | None:
-    """A DuckDB JSON structure (``'["VARCHAR"]'``) as a Spark schema (``ARRAY<STRING>``); None if not simple."""
+    """A DuckDB JSON structure (``'["VARCHAR"]'``, ``'[{"name": "VARCHAR"}]'``) as a Spark schema
+    (``ARRAY<STRING>``, ``ARRAY<STRUCT<`name`: STRING>>``); None if it is not made of lists, objects and these
+    types."""
+    import json
+
     names = {"VARCHAR": "STRING", "BIGINT": "BIGINT", "DOUBLE": "DOUBLE", "BOOLEAN": "BOOLEAN"}
-    m = re.fullmatch(r'\s*\[\s*"(\w+)"\s*\]\s*', structure)
-    if m and m.group(1).upper() in names:
-        return f"ARRAY<{names[m.group(1).upper()]}>"
-    return None
+
+    def spark(node: Any) -> str | None:
+        if isinstance(node, str):
+            return names.get(node.upper())
+        if isinstance(node, list) and len(node) == 1:
+            inner = spark(node[0])
+            return f"ARRAY<{inner}>" if inner else None
+        if isinstance(node, dict) and node:
+            fields = [(k, spark(v)) for k, v in node.items()]
+            if all(t for _, t in fields) and all(re.fullmatch(r"\w+", k) for k, _ in fields):
+                return "STRUCT<" + ", ".join(f"`{k}`: {t}" for k, t in fields) + ">"
+        return None
+
+    try:
+        return spark(json.loads(structure))
+    except ValueError:
+        return None
 
 
 def _fix(node: Any) -> Any:

@@ -434,9 +434,14 @@ class Store:
         # Parts never change once committed: a query that scans a table again (a finding reads several)
         # reuses the footers read when the view was bound instead of opening every file once more.
         con.execute("SET parquet_metadata_cache = true")
-        for table in tables or list(schema.TABLES):
+        for table in list(schema.TABLES) if tables is None else tables:
             self._create_view(con, table, existing_only)
         return con
+
+    def attach(self, con: duckdb.DuckDBPyConnection, tables: list[str]) -> None:
+        """Add views of ``tables`` to a connection ``connect`` opened (a session that finds it needs one more)."""
+        for table in tables:
+            self._create_view(con, table)
 
     def table_files(self, table: str, existing_only: bool = False) -> tuple[list[str], list[tuple[str, list[str]]]]:
         """The files holding ``table``'s rows: its parts' own files (``run`` in their hive path) and its packs,

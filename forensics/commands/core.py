@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 from parsers.spec import ALIASES, format_names  # light: the format names only, no engine
 
 

@@ -143,7 +143,8 @@ def _pool(store: Store, targets: list[str], slots: pl.DataFrame) -> tuple[list[s
                          hint="name runs of one model (and one setup)")
     key = next(iter(mine))
     same = [r for r in everyone if keys.get(r) == key]
-    comp = comparable_healthy_runs(store, same)
+    # the model costs every token a request generated, so a run whose outputs ran away still times the server
+    comp = comparable_healthy_runs(store, same, keep=("runaway",))
     healthy = [r for r in comp.runs if r in same]
     left_out = {r: why for r, why in comp.left_out.items() if r in same}
     # the targets' own sweep, when it spans two np: runs recorded together share their conditions (the machine's

@@ -2,7 +2,8 @@
 --
 -- Reads `request_intervals` (the rows of request_intervals.sql, registered as a relation) and the
 -- `runs` and `instances` views.  One row per run:
---   np                    runs.concurrency, else the largest instances.n_slots, else peak_busy_slots
+--   np                    runs.concurrency, else the slots of the servers that served it (n_slots summed over
+--                         their log files), else peak_busy_slots
 --   wall_s                last request end - first request start, else (records with durations only) the
 --                         run's duration as its summary states it
 --   gen_tok_per_s         sum of generated tokens / wall_s (aggregate output throughput)
@@ -46,8 +47,13 @@ peak AS (
     FROM (SELECT run, sum(d) OVER (ORDER BY run, t, d ROWS UNBOUNDED PRECEDING) AS busy FROM edges)
     GROUP BY run
 ),
+-- a run served by several servers (a main and a backup) has the slots of all of them: the largest start of each
+-- log file that served requests, summed over the files
 inst AS (
-    SELECT run, max(n_slots) AS n_slots FROM instances GROUP BY run
+    SELECT run, coalesce(sum(n) FILTER (WHERE served), max(n)) AS n_slots
+    FROM (SELECT run, path, max(n_slots) AS n, bool_or(coalesce(requests, 0) > 0) AS served
+          FROM instances GROUP BY run, path)
+    GROUP BY run
 ),
 man AS (
     SELECT run, any_value(concurrency) AS concurrency,
