@@ -16,7 +16,7 @@ demo: setup  ## set up, then run the main job on the bundled data
 	$(BIN)/forensics demo --out demo-out
 
 test: setup  ## set up, then run the tests
-	$(BIN)/pytest -q -n auto
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check forensics parsers tests benchmarks

@@ -45,6 +45,7 @@ class Measure:
     note: str = ""
     cpu_s: float | None = None
     grep_s: float | None = None  # the same machine's ``grep -c`` over the same bytes: a noisy machine's yardstick
+    loop_cpu_s: float | None = None  # the bare two-regex Python loop's CPU on the same file (benchmarks/bareloop.py)
 
     @property
     def mb_s(self) -> float | None:
@@ -130,9 +131,13 @@ def bench_size(label: str, size: int, out: Path, opts: argparse.Namespace, stage
     grep = run_measured(["grep", "-c", "print_timing", str(log)])
     res.append(Measure(tag, "grep -c print_timing (floor)", grep.wall, None, mb, f"{grep.out.strip()} lines",
                        cpu_s=grep.cpu))
+    loop = run_measured([sys.executable, str(ROOT / "benchmarks" / "bareloop.py"), str(log)])
+    res.append(Measure(tag, "bare two-regex Python loop (yardstick)", loop.wall, loop.rss, mb,
+                       f"{loop.out.strip()} lines matched", cpu_s=loop.cpu, grep_s=grep.wall, loop_cpu_s=loop.cpu))
     ingest = [*fx, "ingest", str(log), "--run", "bench", "--store", str(store)]
     r = run_measured(ingest)
-    res.append(Measure(tag, "forensics ingest", r.wall, r.rss, mb, _ended(r), cpu_s=r.cpu, grep_s=grep.wall))
+    res.append(Measure(tag, "forensics ingest", r.wall, r.rss, mb, _ended(r), cpu_s=r.cpu, grep_s=grep.wall,
+                       loop_cpu_s=loop.cpu))
     if r.rc != 0:
         return res
     r = run_measured(ingest)
@@ -167,13 +172,14 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def table(rows: list[Measure]) -> str:
-    lines = ["| size | step | wall s | CPU s | MB/s | CPU-s/GB | × grep | peak RSS MB | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| size | step | wall s | CPU s | MB/s | CPU-s/GB | × grep | × loop (CPU) | peak RSS MB | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ratio = r.seconds / r.grep_s if r.seconds and r.grep_s else None
+        vs_loop = r.cpu_s / r.loop_cpu_s if r.cpu_s and r.loop_cpu_s else None
         lines.append(f"| {r.size} | {r.step} | {_num(r.seconds, '.2f')} | {_num(r.cpu_s, '.1f')} | "
                      f"{_num(r.mb_s, '.0f')} | {_num(r.cpu_s_per_gb, '.1f')} | {_num(ratio, '.1f')} | "
-                     f"{_num(r.peak_rss_mb, '.0f')} | {r.note} |")
+                     f"{_num(vs_loop, '.2f')} | {_num(r.peak_rss_mb, '.0f')} | {r.note} |")
     return "\n".join(lines)
 
 

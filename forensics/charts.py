@@ -27,9 +27,21 @@ EXTENSIONS = (".html", ".png", ".svg", ".json")
 VL_VERSION = "v" + ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
 KNEE_COLOR = "#333333"
 CAP_COLOR = "#54a24b"  # not a finding's colour: the cap is advice, not a fault
-# One colour per finding, the same in every chart.
+# One colour per finding, the same in every chart; a class of a finding added to the registry gets the next
+# colour of EXTRA_COLORS (class_colors).
 CLASS_COLORS = {"normal": "#4c78a8", "runaway": "#f58518", "dead slot": "#e45756", "prompt over context": "#b279a2",
                 "failed": "#7f7f7f", "unclassified": "#c7c7c7"}
+EXTRA_COLORS = ("#72b7b2", "#eeca3b", "#9d755d", "#54a24b", "#ff9da6", "#bab0ac")
+
+
+def class_colors() -> dict[str, str]:
+    """Every request class of the registry (``findings.classes``) with its colour, then unclassified."""
+    from forensics.findings import classes
+
+    extra = iter(EXTRA_COLORS)
+    out = {c: v for c, v in CLASS_COLORS.items() if c != "unclassified"}
+    out.update({c: next(extra, "#000000") for c in classes() if c not in out})
+    return {**out, "unclassified": CLASS_COLORS["unclassified"]}
 
 
 def _data(df: pl.DataFrame) -> alt.Data:
@@ -52,8 +64,11 @@ def _x_axis(by: str, values: list[Any]) -> alt.X:
 
 
 def _knee(scaling: metrics.Scaling) -> tuple[float | None, str]:
-    """The knee the sentence talks about (the fitted model's when there is one), and its label."""
-    x = scaling.model_knee if scaling.model_sentence else scaling.knee
+    """The knee the sentence talks about (always at a measured value of ``by``), and its label."""
+    x = scaling.knee
+    if scaling.knee_between is not None:
+        lo, hi = scaling.knee_between
+        return x, f"knee: between {scaling.by} {lo:g} and {hi:g}"
     return x, (f"knee: above {scaling.by} {x:g}" if x is not None else "")
 
 
@@ -69,11 +84,16 @@ def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
                  alt.Tooltip("effective_concurrency:Q", title="effective concurrency", format=".2f")])
     layers: list[Any] = [line]
     knee_x, label = _knee(scaling)
-    if knee_x is not None:
+    if scaling.knee_between is not None:  # the knee lies between two measured values: shade them, no line
+        lo, hi = scaling.knee_between
+        band = alt.Chart(_data(pl.DataFrame({"x": [lo], "x2": [hi], "label": [label]})))
+        layers += [band.mark_rect(color=KNEE_COLOR, opacity=0.12).encode(x="x:Q", x2="x2:Q", tooltip=["label:N"]),
+                   band.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
+    elif knee_x is not None:
         mark = alt.Chart(_data(pl.DataFrame({"x": [knee_x], "label": [label]})))
         layers += [mark.mark_rule(color=KNEE_COLOR, strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]),
                    mark.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
-    sentence = scaling.model_sentence or scaling.sentence
+    sentence = scaling.sentence
     return alt.layer(*layers).properties(title={"text": f"Throughput vs {by}", "subtitle": sentence},
                                          width=560, height=300)
 
@@ -125,7 +145,7 @@ def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
         x2="end_s:Q",
         y=alt.Y("lane:N", title=None, sort=None),
         color=alt.Color("class:N", title="request",
-                        scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+                        scale=alt.Scale(domain=list(class_colors()), range=list(class_colors().values()))),
         tooltip=tooltip,
     ).properties(title="Slot timeline", width=720, height=max(60, 18 * lanes))
 
@@ -140,7 +160,7 @@ def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
     pts = alt.Chart(_data(df)).mark_tick(thickness=2, size=14).encode(
         x=alt.X("gen_tokens:Q", title="generated tokens"),
         y=alt.Y(f"{group}:N", title=group),
-        color=alt.Color("class:N", scale=alt.Scale(domain=list(CLASS_COLORS), range=list(CLASS_COLORS.values()))),
+        color=alt.Color("class:N", scale=alt.Scale(domain=list(class_colors()), range=list(class_colors().values()))),
         tooltip=_tips(df, df.columns),
     )
     layers: list[Any] = [pts]
@@ -202,8 +222,13 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
     if kind not in KINDS:
         raise InputError(f"unknown chart kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
     if kind in {"throughput", "latency"}:
-        m = metrics.throughput(store, runs, source=source)
-        sc = metrics.scaling(m, by=by, store=store)
+        from forensics.sweep import throughput_fit
+
+        res = throughput_fit(store, runs, by=by, source=source)  # the same healthy runs as the CLI and report
+        if res.scaling is None:
+            raise InputError("no healthy run to draw", hint="; ".join(f"{r}: {w}" for r, w in
+                                                                   res.comparable.left_out.items())[:300] or None)
+        sc = res.scaling
         return throughput_chart(sc) if kind == "throughput" else latency_chart(sc)
     from forensics import findings
 
@@ -260,14 +285,17 @@ def save(chart: alt.Chart, path: Path | str, *, title: str = "chart") -> Path:
     if ext not in EXTENSIONS:
         raise InputError(f"cannot write a chart as {ext or 'a file without extension'}", path=str(path),
                          hint=f"use one of {', '.join(EXTENSIONS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from forensics.outfile import checked_target, write_whole
+
+    checked_target(path, "chart", f"chart{ext}")
     s = spec(chart)
+    data: str | bytes
     if ext == ".html":
-        path.write_text(to_html(chart, title), encoding="utf-8")
+        data = to_html(chart, title)
     elif ext == ".png":
-        path.write_bytes(vlc.vegalite_to_png(s, vl_version=VL_VERSION, scale=2))
+        data = vlc.vegalite_to_png(s, vl_version=VL_VERSION, scale=2)
     elif ext == ".svg":
-        path.write_text(vlc.vegalite_to_svg(s, vl_version=VL_VERSION), encoding="utf-8")
+        data = vlc.vegalite_to_svg(s, vl_version=VL_VERSION)
     else:
-        path.write_text(json.dumps(s, indent=1, ensure_ascii=False), encoding="utf-8")
-    return path
+        data = json.dumps(s, indent=1, ensure_ascii=False)
+    return write_whole(path, data, "chart", f"chart{ext}")

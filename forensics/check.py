@@ -67,6 +67,11 @@ def _check_files(store: Store, ok: Callable[[str, str], None], bad: Callable[[st
             if f"/{PACKS_DIR}/" in rel and not {"_part", "run"} <= names:
                 bad("part schema", f"{table}: {rel} is a pack without _part and run columns",
                     "delete the store and ingest again")
+    for key, value in store.manifest.get("meta", {}).items():
+        if isinstance(value, dict) and set(value) == {"detached"} and not (store.root / value["detached"]).exists():
+            missing += 1
+            bad("meta present", f"the store's {key} record {value['detached']} is listed but missing",
+                "delete the store and ingest again")
     if not missing:
         ok("parts present", f"{len(files)} files listed, all present")
     strays = [p for p in [*store.root.glob("*/run=*/*"), *store.root.glob(f"*/{PACKS_DIR}/*")]

@@ -15,70 +15,45 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import fields
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from forensics.commands.options import (  # noqa: F401  (the names commands used to find here)
+    fail_on_option,
+    format_option,
+    open_store,
+    resolve_store,
+    store_option,
+    typed_options,
+)
 from forensics.errors import ExitCode, ForensicsError, InternalError, bug_boundary
-from forensics.paths import default_store_path
-
-T = TypeVar("T")
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch")
-
-
-def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--store", "store_path", type=click.Path(path_type=Path), default=None,
-        help="Store directory (default: $FORENSICS_STORE, else ./forensics-store).",
-    )(fn)
-
-
-def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
-        help="Output format (JSON: an array of objects keyed by column name).",
-    )(fn)
-
-
-def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--fail-on", type=click.Choice(["any", "never"]), default="never", show_default=True,
-        help="Exit 1 when something is found (any), for smoke tests and CI.",
-    )(fn)
-
-
-def typed_options(cls: type[T], opts: dict[str, Any]) -> T:
-    """A command's options as its typed dataclass: click passes them as keyword arguments (so a command
-    with many options keeps a short signature); options shared by several commands (the finding
-    thresholds) go into the dataclass's ``thresholds`` field when it has one."""
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    known = {k: v for k, v in opts.items() if k in names}
-    if "thresholds" in names:
-        known["thresholds"] = {k: v for k, v in opts.items() if k not in names}
-    return cls(**known)
-
-
-def resolve_store(path: Path | None) -> Path:
-    return path if path is not None else default_store_path()
-
-
-def open_store(path: Path | None) -> Any:
-    """The store at ``--store`` (else $FORENSICS_STORE, else ./forensics-store); a missing one is an error
-    that says to ingest first."""
-    from forensics.store import Store
-
-    return Store(resolve_store(path))
+                   "demo", "watch", "mapping", "export", "planning")
 
 
 class ForensicsGroup(click.Group):
     """Turns errors into one line on stderr and their exit code, for every command: the library's own
     errors exit 2, anything else is a bug and exits 3 (``bug_boundary``)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """A usage error (an unknown option, a missing argument, a bad choice) is one line too."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            click.echo(usage_line(exc), err=True)
+            sys.exit(int(ExitCode.USAGE))
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("forensics: aborted", err=True)
+            sys.exit(130)
+        sys.exit(int(rv) if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -95,11 +70,23 @@ class ForensicsGroup(click.Group):
             ctx.exit(int(exc.exit_code))
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """``forensics: error: <click's message on one line> (see `forensics CMD --help`)``."""
+    text = " ".join(exc.format_message().split())
+    cmd = exc.ctx.command_path.replace("cli", "forensics", 1) if exc.ctx is not None else "forensics"
+    if not cmd.startswith("forensics"):
+        cmd = "forensics " + cmd
+    return f"forensics: error: {text} (see `{cmd} --help`)"
+
+
 @click.group(cls=ForensicsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="llama-forensics")
 @click.option("--debug", is_flag=True, help="Show the Python traceback of an internal error (also FORENSICS_DEBUG=1).")
+@click.option("--store", "stores", multiple=True,
+              help="Store directory for the command (repeatable; the command's own --store wins; default: "
+                   "$FORENSICS_STORE, else ./forensics-store).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
     """Forensics for llama-server logs and batch replay runs.
 
     \b
@@ -114,7 +101,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error;
     3 internal error (a bug: --debug shows the traceback).
     """
-    ctx.obj = {"debug": debug}
+    ctx.obj = {"debug": debug, "stores": list(stores)}
     if debug:
         os.environ["FORENSICS_DEBUG"] = "1"  # the library prints the traceback of a bug it recovers from
 
@@ -133,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("forensics: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        click.echo(usage_line(exc), err=True)
+        sys.exit(int(ExitCode.USAGE))
     except click.ClickException as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE))

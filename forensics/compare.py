@@ -1,8 +1,9 @@
 """What changed between two runs: np, throughput, latency percentiles, findings and missing items.
 
-Every number comes from the one place that defines it: the run metrics from ``metrics.throughput``, the
-findings from ``verdict`` (itself written from ``forensics.findings``), the missing items from
-``findings.missing_items``.  This module only lines the two runs up.
+Every number comes from the one place that defines it: the run metrics from ``metrics.throughput``, each
+finding's count from its rows (the registry's ``compare`` rows, counted as ``--fail-on any`` counts them: the
+same numbers as the finding's command and the report), the missing items from ``findings.missing_items``.  This
+module only lines the two runs up.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics import findings, metrics
+from forensics import findings, metrics, registry
 from forensics import runs as runs_mod
+from forensics.session import Analysis
 from forensics.store import Store
-from forensics.verdict import RunVerdict, verdict
 
 # (column of metrics.throughput, what it is in words, higher is better?)
 METRICS: tuple[tuple[str, str, bool | None], ...] = (
@@ -32,13 +33,7 @@ METRICS: tuple[tuple[str, str, bool | None], ...] = (
     ("effective_concurrency", "effective concurrency", None),
     ("peak_busy_slots", "peak busy slots", None),
 )
-# (fact kind of the verdict, what it counts, the field holding the count or None for one per fact)
-FINDINGS: tuple[tuple[str, str, str | None], ...] = (
-    ("dead_slot", "dead slots", None),
-    ("crash", "crashes", None),
-    ("runaway", "runaways", "runaways"),
-    ("prompt_over_context", "prompts over the context", "prompts"),
-)
+USEFUL = "throughput of normal requests (tokens/s)"  # the tokens no finding claims, over the wall time
 LATENCIES = ("latency_p50_s", "latency_p90_s", "latency_p95_s", "latency_p99_s")
 
 
@@ -52,23 +47,54 @@ class Comparison:
     metrics: pl.DataFrame = field(default_factory=pl.DataFrame)  # metrics.throughput rows of a and b
 
 
-def _finding_counts(v: RunVerdict) -> dict[str, float]:
-    counts = {}
-    for kind, name, count_field in FINDINGS:
-        facts = [f for f in v.facts if f.kind == kind]
-        counts[name] = float(sum(f.fields.get(count_field, 0) for f in facts) if count_field else len(facts))
-    return counts
+def compared() -> list[registry.Finding]:
+    """The findings compare counts, in the registry's order."""
+    return [f for f in registry.findings() if f.compare]
 
 
-def _rows(m: pl.DataFrame, verdicts: dict[str, RunVerdict], items: pl.DataFrame, a: str,
+def finding_counts(session: Analysis, runs: list[str]) -> dict[str, dict[str, int]]:
+    """run -> compare row -> count: each finding's rows of the run, counted as its gate counts them."""
+    out: dict[str, dict[str, int]] = {r: {} for r in runs}
+    for f in compared():
+        counted = f.count_rows(session.rows(f.name, runs=runs))
+        per = dict(counted.group_by("run").len().iter_rows()) if counted.height else {}
+        for r in runs:
+            out[r][f.compare] = int(per.get(r, 0))  # type: ignore[index]
+    return out
+
+
+def useful_tokens(session: Analysis, runs: list[str]) -> dict[str, tuple[int, int]]:
+    """run -> (generated tokens of its normal requests, of all its server requests), by the findings' classes."""
+    session.prepare(runs)
+    session.register("fx_classes", findings.request_classes(session, runs))
+    df = session.query("class_tokens", runs=runs)
+    out: dict[str, tuple[int, int]] = {}
+    for run in runs:
+        mine = df.filter(pl.col("run") == run)
+        out[run] = (int(mine.filter(pl.col("class") == "normal")["gen_tokens"].sum()), int(mine["gen_tokens"].sum()))
+    return out
+
+
+def _rows(m: pl.DataFrame, counts: dict[str, dict[str, int]], useful: dict[str, tuple[int, int]], a: str,
           b: str) -> list[tuple[str, float | None, float | None, bool | None]]:
+    """One row per metric and finding.  Raw throughput is "better" only when neither run's tokens include
+    what the findings claim (a runaway's or a dead slot's tokens are not throughput): the normal requests'
+    throughput says which is better then."""
     ma, mb = (m.filter(pl.col("run") == r).row(0, named=True) for r in (a, b))
-    rows = [(label, _num(ma.get(col)), _num(mb.get(col)), better) for col, label, better in METRICS]
-    fa, fb = _finding_counts(verdicts[a]), _finding_counts(verdicts[b])
-    rows += [(name, fa[name], fb[name], False) for _, name, _ in FINDINGS]
-    lost = dict(items.group_by("run").agg(pl.col("item").n_unique()).iter_rows())
-    rows.append(("items missing", float(lost.get(a, 0)), float(lost.get(b, 0)), False))
+    tainted = any(useful[r][0] < useful[r][1] for r in (a, b))
+    rows = []
+    for col, label, better in METRICS:
+        rows.append((label, _num(ma.get(col)), _num(mb.get(col)), None if tainted and col == "gen_tok_per_s" else better))
+        if col == "gen_tok_per_s":
+            rows.append((USEFUL, _per_s(useful[a][0], ma), _per_s(useful[b][0], mb), True))
+    rows += [(str(f.compare), float(counts[a][str(f.compare)]), float(counts[b][str(f.compare)]), False)
+             for f in compared()]
     return rows
+
+
+def _per_s(tokens: int, m: dict[str, object]) -> float | None:
+    wall = _num(m.get("wall_s"))
+    return tokens / wall if wall else None
 
 
 def _num(v: object) -> float | None:
@@ -109,9 +135,11 @@ def compare(store: Store, a: str, b: str) -> Comparison:
     if len(runs) != 2:
         raise _same_run(a)
     m = metrics.throughput(store, runs)
-    verdicts = {v.run: v for v in verdict(store, runs)}
-    items = findings.missing_items(store, runs)
-    table = _table(_rows(m, verdicts, items, a, b), a, b)
+    with Analysis.open(store, runs) as session:
+        counts = finding_counts(session, runs)
+        useful = useful_tokens(session, runs)
+        items = findings.missing_items(session, runs)
+    table = _table(_rows(m, counts, useful, a, b), a, b)
     cmp = Comparison(a, b, table, _missing_in(items, a, b), metrics=m)
     cmp.sentences = _sentences(cmp)
     return cmp
@@ -142,11 +170,16 @@ def _sentences(cmp: Comparison) -> list[str]:
         r = t[metric]
         return f"{_fmt(r[a])}{unit} → {_fmt(r[b])}{unit}{_pct(r['change_pct'])}"
 
+    raw = t["throughput (generated tokens/s)"]
+    normal = t[USEFUL]
+    of_normal = f", {pair(USEFUL, ' tok/s')} from normal requests" if raw["better"] == "" and \
+        (normal[a], normal[b]) != (raw[a], raw[b]) and normal[a] is not None else ""
     out = [f"{a} → {b}: np {pair('parallel slots (np)')}, {pair('requests')} requests.",
-           f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}; wall time {pair('wall time (s)', ' s')}.",
+           f"Throughput {pair('throughput (generated tokens/s)', ' tok/s')}{of_normal}; wall time "
+           f"{pair('wall time (s)', ' s')}.",
            f"Latency p50 {pair('latency p50 (s)', ' s')}, p95 {pair('latency p95 (s)', ' s')}."]
-    found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for _, name, _ in FINDINGS
-             if (t[name][a] or 0) + (t[name][b] or 0) > 0]
+    found = [f"{name} {_fmt(t[name][a])} → {_fmt(t[name][b])}" for name in (str(f.compare) for f in compared())
+             if name != "items missing" and (t[name][a] or 0) + (t[name][b] or 0) > 0]
     if found:
         out.append("Findings: " + ", ".join(found) + ".")
     if cmp.items.height:

@@ -181,7 +181,24 @@ _PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
 
 
 def file_id_of(path: Path) -> str:
-    return hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return _file_id(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _file_id(cwd: str, path: str) -> str:
+    """A file's id: a digest of its resolved path (asked several times a file, so kept)."""
+    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
+    and each time costs a system call per folder of the path."""
+    return _resolved(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _resolved(cwd: str, path: str) -> Path:
+    return (Path(cwd) / path).resolve()
 
 
 def run_of(path: Path, run: str | None, root: Path | None) -> str:
@@ -191,13 +208,13 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
     parent = path.parent
     if root is not None and root.is_dir():
         try:
-            rel = path.resolve().relative_to(root.resolve())
+            rel = resolved(path).relative_to(resolved(root))
         except ValueError:
             rel = None
         if rel is not None and len(rel.parts) > 1:
             return rel.parts[-2]
         if rel is not None and len(rel.parts) == 1:
-            return root.resolve().name
+            return resolved(root).name
     if parent.name and parent.name not in {".", ""} and root is None:
         return parent.name
     return strip_exts(path.name)
@@ -335,6 +352,7 @@ class IngestOptions:
     keep_going: bool = False  # --keep-going: a file that cannot be read does not fail the others
     mapping: Path | str | None = None  # --mapping: how to read a harness's own records
     tz: str = "UTC"  # --tz: the zone of log times written without one
+    exclude: tuple[str, ...] = ()  # --exclude: globs of files not to read (names, or paths below a folder)
 
 
 class Ingestor:
@@ -353,6 +371,7 @@ class Ingestor:
         self.txn = store.transaction()
         self.files_meta: dict[str, Any] = dict(store.meta("files", {}) or {})
         self.records: list[tuple[Path, str, str, str | None]] = []  # (path, kind, folder run, mapping)
+        self.named: set[str] = set()  # records files named on the command line (a mapping tries them by content)
         self.loaded_mapping: Mapping | None = None  # the --mapping, loaded (its files globs decide what it reads)
         self.dropped_records: list[str] = []  # stored records files found to be duplicates: their rows go
         self.unchanged_records: list[tuple[Path, str, str, str | None]] = []  # read again if their run changed
@@ -397,6 +416,11 @@ class Ingestor:
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
+        if fmt_name is None and root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:
+            # a run folder's notes and configs, even when a README quotes log lines: not read as a log
+            self.result.files.append(FileReport(str(path), "not a log", "skipped",
+                                                message=f"a {path.suffix} file that is not a log: not read"))
+            return
         pre = self.prefetch.take(path) if self.prefetch is not None else None
         if fmt_name is None and pre is not None and pre.result.total <= HEAD_LINES:
             fmt_name = voted_format(self._engine(), pre.result.kind_counts)
@@ -414,9 +438,7 @@ class Ingestor:
                 self.result.files.append(FileReport(str(path), "empty", "ingested", message=msg))
                 self._record_file(replace(now, format="empty"))
                 return
-            if root is not None and path.suffix.lower() in NOT_LOG_SUFFIXES:  # a run folder's notes, configs
-                self.result.files.append(FileReport(str(path), "not a log", "skipped",
-                                                    message=f"a {path.suffix} file that is not a log: not read"))
+            if replay_sidefiles().take(self, path, root, now):  # a server dump read, or another file passed over
                 return
             raise UnknownFormatError("not a llama-server log or replay record this version knows", path=str(path),
                                      hint="pass --format NAME to force a log format, --mapping FILE for harness "
@@ -466,8 +488,12 @@ class Ingestor:
 
             kind = replay.detect(path)
         mp = self.loaded_mapping
-        if kind is None and mp is not None and (mp.names(path) or (named and not mp.has_globs)):
-            kind = "mapped"
+        reads_text = mp is not None and mp.fmt_for(path) == "text"  # a printed report: a log is still a log
+        if kind is None and mp is not None and ((mp.names(path) and not (reads_text and detect_format(path)))
+                                                or (named and (not mp.has_globs or detect_format(path) is None))):
+            kind = "mapped"  # a file named with --mapping that no glob names is tried by content (a renamed file)
+            if named:
+                self.named.add(str(path))
         if kind is not None:
             self._queue_records(path, kind, run)
         return kind is not None
@@ -959,6 +985,19 @@ def collapse_facts(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return df.group_by("ikey", "instance_no", maintain_order=True).agg(agg).sort("ikey", "instance_no")
 
 
+def _dumped_runs(ing: Ingestor) -> list[str]:
+    """The runs a /metrics dump was read into by this ingest."""
+    fids = [file_id_of(Path(f.path)) for f in ing.result.files if f.kind == "server:metrics" and f.status == "ingested"]
+    return sorted({str(ing.files_meta[fid].get("run")) for fid in fids if fid in ing.files_meta})
+
+
+def replay_sidefiles() -> Any:
+    """forensics.replay.sidefiles: what a run folder holds besides logs and records (imported when needed)."""
+    from forensics.replay import sidefiles
+
+    return sidefiles
+
+
 def check_tz(tz: str) -> str:
     """``tz`` if it is a time zone polars knows (IANA names such as Europe/Berlin, or UTC)."""
     try:
@@ -977,7 +1016,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     mapping, keep_going = options.mapping, options.keep_going
     files, hidden = discover(paths)
     inside = store_path.resolve()
-    files = [(f, r) for f, r in files if not f.resolve().is_relative_to(inside)]  # the store itself
+    files = [(f, r) for f, r in files if not resolved(f).is_relative_to(inside)]  # the store itself
+    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)]
+    files = [(f, r) for f, r in files if f not in left_out]
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
                          hint="pass the log files or the folders that hold them")
@@ -995,6 +1036,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
+        if left_out:
+            ing.result.warnings.append(f"left out {len(left_out)} file{'s' if len(left_out) > 1 else ''} by --exclude "
+                                       f"(e.g. {left_out[0]})")
         _ingest_each(ing, files)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
@@ -1003,13 +1047,21 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
                 _ingest_records(ing, store)
             finally:
                 ing.keep_going = wanted
-        ing.txn.meta_updates["files"] = ing.files_meta
+        passed = replay_sidefiles().skipped_line(ing.result.files)
+        if passed:
+            ing.result.warnings.append(passed)
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
         if changed:
             ing.txn.meta_updates["join_pending"] = True
-        ing.txn.commit()
+        if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
+                ing.files_meta != (store.meta("files", {}) or {}):
+            ing.txn.meta_updates["files"] = ing.files_meta
+            ing.txn.commit()
+        else:  # nothing changed: the store stays as it is, not even its manifest is written again
+            ing.txn.flush()
         ing.result.unknown_shapes = ing.unknown.most_common(10)
         _finish_join(store, ing)
+        ing.result.warnings.extend(replay_sidefiles().counter_notes(store, _dumped_runs(ing)))
         ing.result.compacted = _compact_when_many(store)
         if ing.result.errors and (not keep_going or ing.result.bugs or ing.result.mapping_failed):
             raise FilesNotRead(ing.result)
@@ -1082,15 +1134,16 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
     saying which file each repeats; a stored file that a longer newcomer repeats has its rows dropped."""
     from forensics import duplicates
 
-    new = {f.resolve() for f, _ in files}
+    new = {resolved(f) for f, _ in files}
     runs = {f: run_of(f, ing.run, root) for f, root in files}
     _forget_moved(ing, files, runs)
     in_store = {fid for fid, m in ing.files_meta.items() if m.get("format") not in ("duplicate", "empty", None)}
-    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files]
-    wanted = set(runs.values())
+    # a run whose files are all as the last ingest left them has nothing new to compare
+    wanted = {runs[f] for f, _ in files if not _as_stored(ing, f, runs[f])}
+    cands = [duplicates.Candidate(f, runs[f], file_id_of(f) in in_store) for f, _ in files if runs[f] in wanted]
     cands += [duplicates.Candidate(p, str(m["run"]), True) for fid, m in ing.files_meta.items()
               if fid in in_store and m.get("run") in wanted and (p := _stored_path(m)) is not None
-              and p.resolve() not in new]
+              and resolved(p) not in new]
     dups = {d.path: d for d in duplicates.find(cands)}
     for d in dups.values():
         ing.result.files.append(FileReport(str(d.path), "duplicate", "duplicate", message=d.describe()))
@@ -1102,6 +1155,18 @@ def _skip_duplicates(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> li
         meta = dict(ing.files_meta.get(fid) or {"path": str(d.path), "file_id": fid, "run": runs.get(d.path)})
         ing.files_meta[fid] = {**meta, "format": "duplicate", "duplicate_of": str(d.of)}
     return [(f, root) for f, root in files if f not in dups]
+
+
+def _as_stored(ing: Ingestor, path: Path, run: str) -> bool:
+    """The file is in the store under this run with the size and modification time it has now."""
+    meta = ing.files_meta.get(file_id_of(path))
+    if meta is None or meta.get("run") != run:
+        return False
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return meta.get("size_bytes") == st.st_size and meta.get("mtime") == st.st_mtime
 
 
 def _forget_moved(ing: Ingestor, files: list[tuple[Path, Path | None]], runs: dict[Path, str]) -> None:
@@ -1167,7 +1232,7 @@ def _ingest_records(ing: Ingestor, store: Store) -> None:
     reports = {f.path: f for f in ing.result.files if f.kind.startswith("records:") or f.status == "error"}
     for path, _kind, run, mapping in ing.records:
         rep = reports.get(str(path))
-        if rep is None or rep.status == "error":
+        if rep is None or rep.status in ("error", "skipped"):
             continue
         stat = path.stat()
         found = FileState.found(path, file_id_of(path), run, stat, hashlib.sha256(read_head(path, 4096)).hexdigest())

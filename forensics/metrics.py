@@ -146,7 +146,12 @@ def fit_line(x: list[float], y: list[float]) -> Fit | None:
 
 @dataclass
 class Scaling:
-    """Throughput and latency against concurrency (or another field) across runs."""
+    """Throughput and latency against concurrency (or another field) across runs.
+
+    One knee (``one_knee``): ``knee`` is always a measured value of ``by``, ``knee_between`` the two measured
+    values it lies between when the fitted model puts it between them, and ``sentence`` says it.
+    ``model_knee`` is the fitted model's own knee, which may fall on a value no run measured; it is not said
+    anywhere (``model_sentence`` is None)."""
 
     by: str
     table: pl.DataFrame
@@ -156,6 +161,7 @@ class Scaling:
     notes: list[str] = field(default_factory=list)
     model_knee: float | None = None  # the knee of the fitted model (see model_knee)
     model_sentence: str | None = None
+    knee_between: tuple[float, float] | None = None  # the measured values the knee lies between
 
 
 def _config_values(store: Store | duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
@@ -240,9 +246,56 @@ def scaling(metrics: pl.DataFrame, *, by: str = "np",
     if by not in table.columns:
         table = table.rename({"x": by})
     fit = fit_line(df["x"].to_list(), df["latency_p50_s"].to_list())
-    knee_x, sentence = knee(xv, gain, lat_step, by=by)
-    m_knee, m_sentence = model_knee(fit, xv, by=by)
-    return Scaling(by, table, fit, knee_x, sentence, notes, m_knee, m_sentence)
+    m_knee, _ = model_knee(fit, xv, by=by)
+    knee_x, between, sentence = one_knee(fit, m_knee, xv, gain, lat_step, by=by)
+    return Scaling(by, table, fit, knee_x, sentence, notes, m_knee, None, between)
+
+
+def one_knee(fit: Fit | None, m_knee: float | None, xs: list[float], gain: list[float | None],
+             lat_step: list[float | None], *, by: str = "np") -> tuple[float | None, tuple[float, float] | None, str]:
+    """The one knee to say: the fitted model's (``model_knee``, which one run's noise cannot move) placed on the
+    measured values: at the measured value it falls on, at the smallest measured value when it falls below
+    them, or between the two measured values around it; with no model, the measured knee (``knee``).  Returns
+    (knee, the two measured values it lies between or None, the sentence)."""
+    label = "np" if by == "np" else by
+    unit = "slot" if by == "np" else f"unit of {by}"
+    if fit is None or m_knee is None:
+        if fit is not None and fit.n >= 3 and len(set(xs)) >= 3 and fit.a > 0 and fit.b > 0:
+            return None, None, (f"{_fitted(fit, label)}: throughput still grows by {KNEE_GAIN * 100:.0f} % or more "
+                                f"per step up to {label} {_fmt_x(xs[-1])}: no knee yet")
+        x, sentence = knee(xs, gain, lat_step, by=by)
+        return x, None, sentence
+    at = next((i for i, x in enumerate(xs) if x >= m_knee), None)
+    if at is None:  # beyond every run: model_knee said so only for a c <= 4 x the largest
+        return None, None, (f"{_fitted(fit, label)}: throughput still grows by {KNEE_GAIN * 100:.0f} % or more per "
+                            f"{unit} up to {label} {_fmt_x(xs[-1])}, the largest measured: no knee yet")
+    if xs[at] == m_knee or at == 0:
+        x = xs[at]
+        nxt = at + 1 if at + 1 < len(xs) else None
+        g, lt = (gain[nxt], lat_step[nxt]) if nxt is not None else (None, None)
+        return x, None, f"{_fitted(fit, label)}: above {label} {_fmt_x(x)} {_step_words(g, lt, unit, 'adds')}"
+    lo, hi = xs[at - 1], xs[at]
+    g = gain[at]
+    if g is not None and g >= KNEE_GAIN:  # the runs' own step disagrees with the model: say both
+        later = "; ".join(f"{_fmt_x(xs[i - 1])} to {_fmt_x(xs[i])} {gain[i] * 100:.0f} %"
+                          for i in range(at + 1, len(xs)) if gain[i] is not None)
+        return lo, (lo, hi), (f"{_fitted(fit, label)}: the fitted model puts the knee between {label} {_fmt_x(lo)} "
+                              f"and {_fmt_x(hi)}, but measured, the step from {_fmt_x(lo)} to {_fmt_x(hi)} still "
+                              f"added {g * 100:.0f} % throughput per {unit}" + (f" (then {later})" if later else "")
+                              + ": the runs are noisier than the fit")
+    return lo, (lo, hi), (f"{_fitted(fit, label)}: the knee is between {label} {_fmt_x(lo)} and {_fmt_x(hi)}: "
+                          f"from {_fmt_x(lo)} to {_fmt_x(hi)} {_step_words(g, lat_step[at], unit, 'added')}")
+
+
+def _fitted(fit: Fit, label: str) -> str:
+    return f"fitted latency = {fit.a:.2f} s + {fit.b:.2f} s × {label}"
+
+
+def _step_words(g: float | None, lt: float | None, unit: str, verb: str) -> str:
+    if g is None:
+        return f"each extra {unit} {verb} less than {KNEE_GAIN * 100:.0f} % throughput (fitted)"
+    lat = f"{lt * 100:.0f} % latency" if lt is not None else "unknown latency"
+    return f"each extra {unit} {verb} {g * 100:.0f} % throughput and {lat}"
 
 
 def model_knee(fit: Fit | None, xs: list[float], *, by: str = "np",
@@ -442,7 +495,18 @@ def comparable_runs(store: Store, runs: list[str], *, broken: dict[str, str] | N
     a watchdog) are left out, as they measure a broken server rather than the concurrency."""
     known = runs_mod.resolve(store, runs).runs
     broken = broken or {}
-    if len(known) == 1:
+    if not runs and len(known) > 1:  # every run of the store: only when they measure one setup and workload
+        keys = _workload_keys(store, known)
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for r in known:
+            if r in keys:  # a run with nothing to tell its workload by is pooled with the others
+                groups.setdefault(keys[r], []).append(r)
+        if len(groups) > 1:
+            sample = "; ".join(", ".join(g[:3]) + (" ..." if len(g) > 3 else "") for g in list(groups.values())[:3])
+            raise InputError(f"the store's runs measure {len(groups)} different setups or workloads ({sample})",
+                             hint="name the runs to compare, or one run to compare the runs of its sweep")
+        pool, basis = known, "every run in the store"
+    elif len(known) == 1:
         keys = _workload_keys(store, runs_mod.all_runs(store))
         mine = keys.get(known[0])
         pool = [r for r, k in keys.items() if k == mine] if mine is not None else known

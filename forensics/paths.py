@@ -9,7 +9,7 @@ from pathlib import Path
 
 DEFAULT_STORE = "forensics-store"
 # compression first, then the content extensions (server.log.gz -> server)
-EXTENSIONS = (".gz", ".zst", ".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv")
+EXTENSIONS = (".gz", ".zst", ".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".yaml", ".yml")
 
 
 def file_stem(name: str) -> str:

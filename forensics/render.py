@@ -62,10 +62,25 @@ def _wrap(cell: str, width: int) -> list[str]:
     return textwrap.wrap(cell, width, break_on_hyphens=False, drop_whitespace=True) or [cell[:width]]
 
 
+NAME_COLUMNS = ("run", "alias", "run_a", "run_b")  # names: one line each, cut with an ellipsis (csv/json: whole)
+
+
+def shorten(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters: its start and its end around an ellipsis (runs of a sweep differ at
+    the end: ``...-np4``), the whole name when it fits."""
+    if len(name) <= width:
+        return name
+    tail = (width - 1) // 3
+    return f"{name[: width - 1 - tail]}\u2026{name[len(name) - tail:]}"
+
+
 def to_table(df: pl.DataFrame, *, max_width: int = 60) -> str:
-    """An aligned text table; a cell longer than ``max_width`` wraps onto the following lines of its column."""
+    """An aligned text table; a cell longer than ``max_width`` wraps onto the following lines of its column, and a
+    run name longer than that is cut with an ellipsis (csv and json keep it whole)."""
     headers = df.columns
-    rows = [[_wrap(_cell(v), max_width) for v in row] for row in df.iter_rows()]
+    names = [h in NAME_COLUMNS for h in headers]
+    rows = [[[shorten(_cell(v), max_width)] if name else _wrap(_cell(v), max_width) for v, name in zip(row, names, strict=True)]
+            for row in df.iter_rows()]
     widths = [max([len(h)] + [len(line) for r in rows for line in r[i]]) for i, h in enumerate(headers)]
     numeric = [df.schema[h].is_numeric() for h in headers]
 

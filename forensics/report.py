@@ -34,7 +34,7 @@ from forensics.store import Store
 MAX_ROWS = 200
 FOLD_CHARS = 120  # a cell longer than this is folded: its start shown, the rest behind a click
 SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"),
-            ("throughput", "Throughput"), ("metrics", "Run metrics"))
+            ("throughput", "Throughput"), ("whatif", "What if"), ("metrics", "Run metrics"))
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; padding: 0 1em; }
@@ -120,9 +120,11 @@ def _computed(compute: Callable[[], Any]) -> tuple[Any, str]:
 
 
 # ---------------------------------------------------------------------------------------- sections
-FINDING_ANCHORS = {"dead_slot": "dead-slots", "crash": "errors", "runaway": "runaways",
-                   "prompt_over_context": "prompts-over-the-context", "missing": "missing-items",
-                   "failed": "errors", "cap": "recommended-output-cap", "ended": "missing-items"}
+def finding_anchor(kind: str) -> str | None:
+    """The report section a verdict fact of ``kind`` links to (the registry says which shows it)."""
+    from forensics import registry
+
+    return registry.section_of(kind)
 
 
 def _verdict_section(verdicts: list[Any]) -> str:
@@ -134,7 +136,7 @@ def _verdict_section(verdicts: list[Any]) -> str:
         sentences = []
         for f in v.facts:
             text = html.escape(f.sentence)
-            anchor = FINDING_ANCHORS.get(f.kind)
+            anchor = finding_anchor(f.kind)
             ev = f"{short_evidence(f.evidence)}" if f.evidence else ""
             if anchor:  # the evidence links to the finding's table
                 ev = f'<a href="#{anchor}">{html.escape(ev.strip() or "[details]")}</a>'
@@ -144,54 +146,35 @@ def _verdict_section(verdicts: list[Any]) -> str:
     return "\n".join(parts)
 
 
-def _findings_sections(store: Store, runs: list[str], notes: list[str]) -> str:
-    from forensics import findings
+def _findings_sections(session: Any, runs: list[str], notes: list[str]) -> str:
+    """One section per finding of the registry that has one, in its order, each its listing (or detail)."""
+    from forensics import findings, registry
 
-    sections: list[tuple[str, Callable[[], Any]]] = [
-        ("Dead slots", lambda: findings.find_dead_slots(store, runs)),  # type: ignore[arg-type]
-        ("Runaways", lambda: findings.find_runaways(store, runs)),  # type: ignore[arg-type]
-        ("Prompts over the context", lambda: findings.find_prompt_over_context(store, runs)),  # type: ignore[arg-type]
-        ("Missing items", lambda: _missing(store, runs)),
-        ("Recommended output cap", lambda: findings.caps_by_run(store, runs)),
-        ("Errors", lambda: findings.error_groups(store, runs)),  # type: ignore[arg-type]
-    ]
     parts = ['<h2 id="findings">Findings</h2>']
-    for title, compute in sections:
-        parts.append(f'<h3 id="{title.lower().replace(" ", "-")}">{html.escape(title)}</h3>')
+    for f in registry.findings(report=True):
+        def compute(f: registry.Finding = f) -> Any:
+            return f.detail(session, runs) if f.detail is not None else findings.rows(session, f.name, runs)
+
+        parts.append(f'<h3 id="{f.anchor}">{html.escape(f.title)}</h3>')
         res, reason = _computed(compute)
         if reason:
             parts.append(f'<p class="na">{html.escape(reason)}</p>')
-            notes.append(f"{title.lower()}: {reason}")
+            notes.append(f"{f.title.lower()}: {reason}")
         else:
             parts.append(html_table(res))
     return "\n".join(parts)
 
 
-def _missing(store: Store, runs: list[str]) -> pl.DataFrame:
-    """Missing items of the runs that have replay records (a run with logs only has none to miss)."""
-    from forensics.replay import tables as replay_tables
-
-    con = store.connect(tables=["runs", "attempts", "items"])
-    try:
-        with_records = {r[0] for r in con.execute(
-            "SELECT DISTINCT run FROM (SELECT run FROM runs UNION ALL SELECT run FROM attempts "
-            "UNION ALL SELECT run FROM items) WHERE list_contains($runs, run)", {"runs": runs}).fetchall()}
-    finally:
-        con.close()
-    frames = [replay_tables.missing(store, r).with_columns(pl.lit(r).alias("run")) for r in runs if r in with_records]
-    return pl.concat(frames, how="diagonal_relaxed").select("run", pl.all().exclude("run")) if frames else \
-        pl.DataFrame()
-
-
-def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[str]) -> str:
+def _timeline_section(session: Any, runs: list[str], charts: Any, notes: list[str]) -> str:
     from forensics import findings
 
-    classed, why = _computed(lambda: findings.classified_requests(store, runs))
+    store = session.store
+    classed, why = _computed(lambda: findings.classified_requests(session, runs))
     if why:  # the timeline is still drawn, every bar "unclassified", and the page says why
         notes.append(f"classes: {why}")
     ri = classed if classed is not None else metrics.request_intervals(
         store, runs, source=metrics.lanes_source(store, runs)).with_columns(pl.lit("unclassified").alias("class"))
-    cap_res, _ = _computed(lambda: findings.recommend_cap(store, runs))
+    cap_res, _ = _computed(lambda: findings.recommend_cap(session, runs))
     parts = ['<h2 id="timeline">Timeline</h2>',
              '<p class="note">One lane per slot, one bar per request, coloured by what the findings say of it.</p>'
              if not why else f'<p class="na">the requests could not be classified: {html.escape(why)}</p>']
@@ -210,25 +193,25 @@ def _timeline_section(store: Store, runs: list[str], charts: Any, notes: list[st
 def _throughput_section(store: Store, runs: list[str], verdicts: list[Any], charts: Any) -> tuple[str, str]:
     """The throughput of the comparable runs (with which they are and which were left out), and the named
     runs' own metrics."""
-    from forensics.verdict import comparable_healthy_runs
+    from forensics.sweep import throughput_fit
 
-    comp, why = _computed(lambda: comparable_healthy_runs(store, runs, verdicts))
-    if comp is None:  # the verdicts could not be computed: pool the sweep, and say broken runs may be in it
-        comp = metrics.comparable_runs(store, runs)
-        comp.basis += f" (broken runs could not be told apart: {why})"
-    m_all = metrics.throughput(store, comp.runs) if comp.runs else pl.DataFrame()
-    parts = ['<h2 id="throughput">Throughput</h2>',
-             f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>"]
-    if comp.left_out:
-        parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
-            f"<li>{html.escape(r)}: {html.escape(why)}</li>" for r, why in comp.left_out.items()) + "</ul>")
-    if m_all.height:
-        sc = metrics.scaling(m_all, by="np")
-        parts.append(html_table(sc.table))
-        parts.append(f"<p><b>{html.escape(sc.model_sentence or sc.sentence)}</b></p>")
-        if sc.table.height >= 2:
-            parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
-            parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
+    res, why = _computed(lambda: throughput_fit(store, runs, known=verdicts))
+    parts = ['<h2 id="throughput">Throughput</h2>']
+    if res is None:
+        parts.append(f'<p class="na">{html.escape(why)}</p>')
+    else:
+        comp = res.comparable
+        parts.append(f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>")
+        if comp.left_out:
+            parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
+                f"<li>{html.escape(r)}: {html.escape(w)}</li>" for r, w in comp.left_out.items()) + "</ul>")
+        sc = res.scaling
+        if sc is not None:
+            parts.append(html_table(sc.table))
+            parts.append(f"<p><b>{html.escape(sc.sentence)}</b></p>")
+            if sc.table.height >= 2:
+                parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
+                parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
     own = metrics.throughput(store, runs)
     detail = ['<h2 id="metrics">Run metrics</h2>']
     for row in own.iter_rows(named=True):
@@ -244,15 +227,27 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     """The report's HTML for one run or several (a sweep; none: the store's only run), and notes (what
     could not be computed)."""
     from forensics import charts  # altair only here, when a report is asked for
-    from forensics.verdict import verdict
+    from forensics.session import Analysis
 
     names = runs_mod.resolve(store, runs, one=True).runs
+    pool = metrics.comparable_runs(store, names).runs  # the sweep the throughput section compares
+    with Analysis.open(store, sorted({*names, *pool})) as session:  # every finding computed once for all
+        return _page(session, names, charts)
+
+
+def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
+    from forensics.planning.section import whatif_section
+    from forensics.verdict import verdict
+
     notes: list[str] = []
-    verdicts, why = _computed(lambda: verdict(store, names))
-    body = [_verdict_section(verdicts) if verdicts else f'<p class="na">{html.escape(why)}</p>',
-            _timeline_section(store, names, charts, notes), _findings_sections(store, names, notes)]
-    throughput, detail = _throughput_section(store, names, verdicts or [], charts)
-    body += [throughput, detail]
+    every, why = _computed(lambda: verdict(session))
+    verdicts = [v for v in every or [] if v.run in names]
+    body = [_verdict_section(verdicts) if every else f'<p class="na">{html.escape(why)}</p>',
+            _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes)]
+    throughput, detail = _throughput_section(session.store, names, every or [], charts)
+    whatif, whatif_notes = whatif_section(session.store, names, charts, html_table)
+    notes += whatif_notes
+    body += [throughput, whatif, detail]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     nav = " · ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)
     title = f"Run {names[0]}" if len(names) == 1 else f"Runs {', '.join(names)}"
@@ -268,10 +263,8 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
 
 def write_report(store: Store, runs: str | list[str] | None, path: Path | str) -> ReportResult:
     """Write the report for ``runs`` to ``path`` (one HTML file that works offline)."""
+    from forensics.outfile import checked_target, write_whole
+
+    checked_target(path, "report", "report.html")  # before the work: a folder is an input error at once
     page, notes = build_report(store, runs)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return ReportResult(path, notes)
+    return ReportResult(write_whole(path, page, "report", "report.html"), notes)

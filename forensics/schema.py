@@ -178,6 +178,9 @@ ATTEMPTS = [
     Column("latency_ms", F64, "client-side latency: send to last byte"),
     Column("ttft_ms", F64, "client-side time to first token"),
     Column("itl_ms", F64, "client-side mean inter-token latency"),
+    Column("started_rel_s", F64, "send time on the records' own clock (seconds from the file's first relative time), "
+                                 "when no wall-clock anchor placed it (started_at is then empty)"),
+    Column("ended_rel_s", F64, "end time on the records' own clock, likewise"),
     Column("source", STR, "records file"),
     Column("source_line", I64, "line in the records file"),
     Column("alias", STR, "the run id the record carries, when it was tied to this run (see runs.alias)"),
@@ -208,6 +211,42 @@ MATCHES = [
     Column("offset_s", F64, "seconds added to the log's elapsed time to get wall-clock time (null: absolute or order)"),
 ]
 
+SERVER_METRICS = [
+    Column("run", STR, "run of the folder the dump was found in"),
+    Column("path", STR, "the dump file (a Prometheus /metrics text exposition)"),
+    Column("server", STR, "the server the file name names (metrics_main.prom: main), else null"),
+    Column("taken", STR, "start or end when the file name says (metrics_end.prom: end), else null"),
+    Column("name", STR, "metric name as exposed (llamacpp:prompt_tokens_total, ...)"),
+    Column("labels", STR, "JSON object of the sample's labels (null without labels)"),
+    Column("value", F64, "sample value (counters: totals since the server started, when the dump was taken)"),
+    Column("type", STR, "counter, gauge, histogram, ... from the # TYPE line"),
+    Column("help", STR, "the # HELP text"),
+    Column("sample_ts", I64, "the sample's own timestamp (ms since epoch) when it carries one"),
+    Column("line", I64, "line of the sample in the dump"),
+]
+
+SLOT_STATES = [
+    Column("run", STR, "run of the folder the dump was found in"),
+    Column("path", STR, "the dump file (the JSON array /slots returns)"),
+    Column("server", STR, "the server the file name names (slots_backup.json: backup), else null"),
+    Column("taken", STR, "start or end when the file name says, else null"),
+    Column("slot", I64, "slot id"),
+    Column("id_task", I64, "task the slot holds or last held (-1: none)"),
+    Column("n_ctx", I64, "context size of the slot"),
+    Column("is_processing", BOOL, "the slot was busy when the dump was taken (2024: state = 1)"),
+    Column("n_prompt_tokens", I64, "prompt tokens of its task (2026 builds)"),
+    Column("n_prompt_tokens_processed", I64, "prompt tokens evaluated (cache excluded; 2026 builds)"),
+    Column("n_prompt_tokens_cache", I64, "prompt tokens served from the cache (b10406+)"),
+    Column("n_decoded", I64, "tokens generated so far by its task (next_token.n_decoded)"),
+    Column("n_remain", I64, "tokens its cap still allows (next_token.n_remain; -1: no cap)"),
+    Column("has_next_token", BOOL, "the task was still generating"),
+    Column("n_predict", I64, "output cap of its task (params.n_predict; -1: none)"),
+    Column("max_tokens", I64, "the request's max_tokens when listed"),
+    Column("prompt_chars", I64, "length of the prompt text the dump shows"),
+    Column("generated_chars", I64, "length of the generated text the dump shows (2026 builds)"),
+    Column("raw", STR, "the slot's object as dumped, without its prompt and generated texts (JSON)"),
+]
+
 TABLES: dict[str, list[Column]] = {
     "files": FILES,
     "instances": INSTANCES,
@@ -218,6 +257,8 @@ TABLES: dict[str, list[Column]] = {
     "attempts": ATTEMPTS,
     "items": ITEMS,
     "matches": MATCHES,
+    "server_metrics": SERVER_METRICS,
+    "slot_states": SLOT_STATES,
 }
 
 

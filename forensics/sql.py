@@ -7,7 +7,7 @@ Values always reach a query as bound parameters (``$name``), never formatted int
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +25,19 @@ class Query:
     text: str
     header: str  # the leading comment block, without the ``--`` markers
 
+    @cached_property
+    def params(self) -> frozenset[str]:
+        """The ``$name`` parameters the query's text binds (its comments left out)."""
+        import regex
+
+        body = "\n".join(line.split("--", 1)[0] for line in self.text.splitlines())
+        return frozenset(regex.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", body))
+
 
 @cache
-def load_query(name: str) -> Query:
-    """The query ``forensics/queries/<name>.sql`` with its header comment."""
-    path = QUERIES_DIR / f"{name}.sql"
+def load_query(name: str, directory: Path | None = None) -> Query:
+    """The query ``<name>.sql`` of ``directory`` (default ``forensics/queries/``) with its header comment."""
+    path = (directory or QUERIES_DIR) / f"{name}.sql"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -5,6 +5,7 @@ Layout::
     STORE/
       _manifest.json                    # which part files make up each table (the only truth)
       <table>/run=<escaped run>/<part>.parquet
+      _meta/<key>-<txn>.json            # a meta value that grows with the store (the files read), named by it
       .lock                             # held while an ingest writes
       .txn/<id>.json                    # journal of a commit in progress
 
@@ -73,6 +74,8 @@ def sql_strings(values: list[str]) -> str:
 
 def view_names(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The views a connection has (a store's tables it bound, and any a caller added)."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):  # another engine's connection knows its own
+        return con.view_names()  # type: ignore[no-any-return]
     return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
@@ -160,6 +163,16 @@ class Transaction:
         self.store._commit(self)
 
 
+# Meta values that grow with the store (one entry per ingested file) live in a file of their own, named in the
+# manifest: every command reads the manifest, only ingest and watch read these.
+DETACHED_META = {"files"}
+META_DIR = "_meta"
+
+
+def _is_detached(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"detached"}
+
+
 class Store:
     """A forensics store on disk."""
 
@@ -173,7 +186,9 @@ class Store:
             self._init()
         self._manifest = self._read_manifest()
         self._names_cache: dict[tuple[str, ...], list[str] | None] = {}
+        self._detached: dict[str, Any] = {}  # the detached meta value last read, by its file
         self.recovered: list[str] = []  # what the last ``lock`` found to finish or discard
+        self.engine: Any = None  # None: DuckDB in this process; else the engine whose connections read it
 
     # ------------------------------------------------------------------ layout
     def _init(self) -> None:
@@ -238,7 +253,29 @@ class Store:
         return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
     def meta(self, key: str, default: Any = None) -> Any:
-        return self._manifest["meta"].get(key, default)
+        value = self._manifest["meta"].get(key, default)
+        if _is_detached(value):  # kept in a file of its own (DETACHED_META), read when first asked for
+            path = value["detached"]
+            if path not in self._detached:
+                try:
+                    self._detached = {path: json.loads((self.root / path).read_text(encoding="utf-8"))}
+                except (OSError, json.JSONDecodeError) as exc:
+                    raise StoreError(f"cannot read {self.root / path}: {exc}",
+                                     hint="run `forensics check` to see how to repair the store") from exc
+            return self._detached[path]
+        return value
+
+    def _stage_meta(self, txn: Transaction, key: str, value: Any, renames: list[tuple[str, str]]) -> str:
+        """Write a detached meta value as a staged file of the commit; returns its final path."""
+        final = f"{META_DIR}/{key}-{txn.txn_id}.json"
+        tmp = f"{final}.tmp-{txn.txn_id}"
+        (self.root / META_DIR).mkdir(exist_ok=True)
+        with (self.root / tmp).open("w", encoding="utf-8") as fh:
+            json.dump(value, fh, separators=(",", ":"), sort_keys=True, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        renames.append((tmp, final))
+        return final
 
     # ------------------------------------------------------------------ locking and commits
     @contextlib.contextmanager
@@ -275,20 +312,26 @@ class Store:
             manifest["parts"][table] = [p for p in manifest["parts"].get(table, []) if p not in rels]
         for table, rels in txn.adds.items():
             manifest["parts"].setdefault(table, []).extend(rels)
+        renames, dead_meta = list(txn.staged), set()
         for key, value in txn.meta_updates.items():
+            old = manifest["meta"].get(key)
+            if _is_detached(old):
+                dead_meta.add(old["detached"])
             if value is None:
                 manifest["meta"].pop(key, None)
+            elif key in DETACHED_META:
+                manifest["meta"][key] = {"detached": self._stage_meta(txn, key, value, renames)}
             else:
                 manifest["meta"][key] = value
         dead_packs = self._update_packs(manifest, txn)
-        missing = [tmp for tmp, _ in txn.staged if not (self.root / tmp).exists()]
+        missing = [tmp for tmp, _ in renames if not (self.root / tmp).exists()]
         if missing:
             raise StoreError(f"commit refused: the staged part {missing[0]} is missing",
                              hint="nothing was changed; run the ingest again")
         journal = {
             "txn": txn.txn_id,
-            "renames": txn.staged,
-            "deletes": sorted(own_removed | txn.freed | dead_packs),
+            "renames": renames,
+            "deletes": sorted(own_removed | txn.freed | dead_packs | dead_meta),
             "manifest": manifest,
             "complete": True,
         }
@@ -368,7 +411,8 @@ class Store:
                 jpath.unlink(missing_ok=True)
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)
-        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*")]:
+        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*"),
+                      *self.root.glob(f"{META_DIR}/*.tmp-*")]:
             stray.unlink(missing_ok=True)
             notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
         for stray in self.root.glob(".*.tmp-*"):
@@ -377,20 +421,32 @@ class Store:
 
     # ------------------------------------------------------------------ reading
     def connect(self, *, tables: list[str] | None = None, existing_only: bool = False) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with one view per table (same names as the tables).
+        """A connection with one view per table (same names as the tables): an in-memory DuckDB connection, or
+        the ``engine``'s (``forensics.spark``) when one is set.  Either way it is the seam the analysis runs
+        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.
 
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
+        if self.engine is not None:
+            return self.engine.connect(self, tables=tables, existing_only=existing_only)  # type: ignore[no-any-return]
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         # Parts never change once committed: a query that scans a table again (a finding reads several)
         # reuses the footers read when the view was bound instead of opening every file once more.
         con.execute("SET parquet_metadata_cache = true")
-        for table in tables or list(schema.TABLES):
+        for table in list(schema.TABLES) if tables is None else tables:
             self._create_view(con, table, existing_only)
         return con
 
-    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
+    def attach(self, con: duckdb.DuckDBPyConnection, tables: list[str]) -> None:
+        """Add views of ``tables`` to a connection ``connect`` opened (a session that finds it needs one more)."""
+        for table in tables:
+            self._create_view(con, table)
+
+    def table_files(self, table: str, existing_only: bool = False) -> tuple[list[str], list[tuple[str, list[str]]]]:
+        """The files holding ``table``'s rows: its parts' own files (``run`` in their hive path) and its packs,
+        each with the parts dropped since packing (their rows are left out).  A listed file missing on disk
+        raises StoreError, unless ``existing_only`` (then it is left out)."""
         packed = self.packed(table)
         own = [str(self.root / p) for p in self.parts(table) if p not in packed]
         live = set(self.parts(table))
@@ -400,15 +456,24 @@ class Store:
         if missing and not existing_only:
             raise StoreError(f"{missing[0]} is listed in the store's manifest but missing",
                              hint="run `forensics check` to see how to repair the store")
-        own = [p for p in own if p not in missing]
-        packs = [(path, dead) for path, dead in packs if path not in missing]
-        if not own and not packs:
+        return [p for p in own if p not in missing], [(path, dead) for path, dead in packs if path not in missing]
+
+    def view_source(self, table: str, existing_only: bool = False) -> str | None:
+        """The FROM of ``table``'s DuckDB view, None when no file holds its rows."""
+        own, packs = self.table_files(table, existing_only)
+        return self._source(own, packs) if own or packs else None
+
+    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
+        if self.engine is not None:  # the engine's connection binds its own views
+            con.bind(self, table, existing_only)  # type: ignore[attr-defined]
+            return
+        source = self.view_source(table, existing_only)
+        if source is None:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
             )
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
             return
-        source = self._source(own, packs)
         try:
             try:
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {self._columns(table, None)} FROM {source}")

@@ -9,6 +9,7 @@ whose regex matches its body (text) or message (record) claims it (the format fi
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
@@ -74,7 +75,8 @@ class Frames:
     json_time: tuple[str, ...]
     kv: tuple[KvFrame, ...]
     text_prefix: str
-    key: str = ""  # the one short extract that gives a line's dispatch key (see Routes)
+    key_after: str = " "  # a line's dispatch key starts after the first of these (see Routes)
+    key_width: int = 0  # and is this many characters (0: no dispatch)
 
 
 @cache
@@ -104,7 +106,8 @@ def load_frames() -> Frames:
     for k in kv:
         regex.compile(k.regex)
     return Frames(tuple(js.get("message", ["msg"])), tuple(js.get("level", ())), tuple(js.get("time", ())), kv,
-                  data.get("text", {}).get("prefix", ""), data.get("dispatch", {}).get("key", ""))
+                  data.get("text", {}).get("prefix", ""), str(data.get("dispatch", {}).get("after", " ")),
+                  int(data.get("dispatch", {}).get("width", 0)))
 
 
 @cache
@@ -207,6 +210,34 @@ def unquote(s: pl.Series) -> pl.Series:
     inner = s.str.slice(1, s.str.len_chars() - 2)
     inner = inner.str.replace_all(r'\\"', '"').str.replace_all(r"\\n", "\n").str.replace_all(r"\\\\", "\\")
     return pl.select(pl.when(quoted).then(inner).otherwise(s)).to_series()
+
+
+def literal_implied(pattern: str, literal: str) -> bool:
+    """Every match of ``pattern`` contains ``literal``: it is part of a run of plain characters the pattern always
+    matches (outside any optional part, repetition or alternative).  Conservative: False when in doubt."""
+    import re._parser as sre_parse  # the standard library's parser: the kinds' regexes are valid Python too
+
+    try:
+        tree = sre_parse.parse(pattern)
+    except (re.error, RecursionError, ValueError):
+        return False
+    runs: list[str] = []
+
+    def walk(items: Any, run: list[str]) -> list[str]:
+        for op, arg in items:
+            if op is sre_parse.LITERAL:
+                run.append(chr(arg))
+            elif op is sre_parse.SUBPATTERN:  # a group that always matches: its characters continue the run
+                run = walk(arg[-1], run)
+            elif op is sre_parse.AT:  # ^ and $ match no character
+                continue
+            else:
+                runs.append("".join(run))
+                run = []
+        return run
+
+    runs.append("".join(walk(tree, [])))
+    return any(literal in r for r in runs)
 
 
 @cache
@@ -375,16 +406,17 @@ class _Segments:
         cut = np.searchsorted(rows, self.start[1:])
         return [(i, part) for i, part in enumerate(np.split(rows, cut)) if len(part)]
 
-    def pieces(self, i: int, pieces: list[pl.DataFrame]) -> list[pl.DataFrame]:
-        """The typed-field frames of file ``i``'s lines, their rows counted from its first line."""
+    def pieces(self, pieces: list[pl.DataFrame]) -> list[list[pl.DataFrame]]:
+        """The typed-field frames of each file's lines (one partition of each frame), their rows counted from the
+        file's first line."""
         if self.count == 1:
-            return pieces
-        lo, hi = int(self.start[i]), int(self.end[i])
-        out = []
+            return [pieces]
+        out: list[list[pl.DataFrame]] = [[] for _ in range(self.count)]
         for pc in pieces:
-            mine = pc.filter((pl.col("__row") >= lo) & (pl.col("__row") < hi))
-            if mine.height:
-                out.append(mine.with_columns(pl.col("__row") - lo))
+            file_of = np.searchsorted(self.start, pc["__row"].to_numpy(), side="right") - 1
+            tagged = pc.with_columns(pl.Series("__file", file_of), (pl.col("__row") - self.start[file_of]))
+            for (i,), part in tagged.partition_by("__file", as_dict=True, maintain_order=True).items():
+                out[int(i)].append(part.drop("__file"))
         return out
 
     def cols(self, i: int, cols: dict[str, pl.Series], order: list[str]) -> dict[str, pl.Series]:
@@ -505,7 +537,10 @@ class Engine:
         # first (see ``learn``), which leaves few rows for the many rare kinds to scan.
         self._hoistable = [not k.fallback for k in self.kinds]
         self.order: tuple[int, ...] = tuple(range(len(self.kinds)))
-        self._key_regex = ascii_digits(frames.key) if frames.key else ""
+        self._key = (frames.key_after, frames.key_width)
+        # a prefilter the kind's regex spells out anyway need not be checked before the regex on a routed row
+        # (worked out for a kind when it is first routed: reading every regex up front costs a short log's parse)
+        self._needs_prefilter: list[bool | None] = [None] * len(self.kinds)
         self._routable = np.array([not k.fallback for k in self.kinds] + [False])
         self.routes = self._seed_routes()
         fields_seen: dict[str, None] = {"elapsed": None, "level": None}
@@ -517,13 +552,20 @@ class Engine:
         # the first pass reads lines as they are: kinds that could match a line with a wrapper still on it wait
         self._plain = np.array([k.frame == "text" and not k.fallback and not k.loose for k in self.kinds])
 
+    def _keys(self, body: pl.Series) -> pl.Series:
+        """Each line's dispatch key: the characters after the first space (a timestamp or level before it, or a
+        frame word like `slot`, varies less than what follows).  Two literal column operations, no regex: a key
+        only has to be the same for lines of the same shape."""
+        after, width = self._key
+        return body.str.slice(body.str.find(after, literal=True).fill_null(-len(after)) + len(after), width)
+
     def _seed_routes(self) -> Routes:
         """The routes the text kinds' own samples give, so that a file's first chunk is routed too."""
         rows = [(sample, ki) for ki, k in enumerate(self.kinds) if self._routable[ki] and k.frame == "text"
                 for sample in k.samples]
-        if not self._key_regex or not rows:
+        if not self._key[1] or not rows:
             return Routes()
-        keys = pl.Series([r[0] for r in rows], dtype=pl.String).str.extract(self._key_regex, 1)
+        keys = self._keys(pl.Series([r[0] for r in rows], dtype=pl.String))
         seen = pl.DataFrame({"key": keys, "kind": pl.Series([r[1] for r in rows], dtype=pl.Int32)})
         return Routes().taught(seen.drop_nulls().group_by("key", "kind").len())
 
@@ -573,7 +615,8 @@ class Engine:
         carry_codes = np.array([self.kind_index.get(c.last_kind, -1) if c.last_kind is not None else -1
                                 for c in carries], dtype=np.int64)
         cont, cont_skip, ff = self._continuations(kind_of, lines, seg, carry_codes)
-        out = [self._result(i, seg, (kind_of, cont, cont_skip, ff), (raw, pieces, lines), carries[i])
+        by_file = seg.pieces(pieces)
+        out = [self._result(i, seg, (kind_of, cont, cont_skip, ff), (raw, by_file[i], lines), carries[i])
                for i in range(len(chunks))]
         for res, names in zip(out, seen, strict=True):
             res.wrappers_seen = names
@@ -601,7 +644,7 @@ class Engine:
             carry.last_kind = self.kinds[kind_of[recognised[-1]]].name
         first_rec = int(recognised[0]) if len(recognised) else n
         line_no = pl.Series("line_no", np.arange(seg.first_line_no[i], seg.first_line_no[i] + n, dtype=np.int64))
-        events = self._events(seg.pieces(i, pieces), line_no, seg.cols(i, lines.cols, lines.order.get(i, [])))
+        events = self._events(pieces, line_no, seg.cols(i, lines.cols, lines.order.get(i, [])))
         unp_idx = np.flatnonzero(unparsed_mask)
         unparsed = pl.DataFrame({"line_no": line_no.gather(unp_idx), "text": raw.gather(unp_idx + lo)})
         parsed = int(counts[~self._is_skip[:-1]].sum()) + int(cont.sum() - cont_skip.sum())
@@ -659,7 +702,7 @@ class Engine:
         kind_of = np.full(n, -1, dtype=np.int32)
         pieces: list[pl.DataFrame] = []
         out = _Claims(claimed, kind_of, pieces)
-        keys = fr.body.str.extract(self._key_regex, 1) if self._key_regex and n else None
+        keys = self._keys(fr.body) if self._key[1] and n else None
         routes = self.routes
         if keys is not None and routes.codes:
             self._route(fr, keys, order, routes, out)
@@ -685,7 +728,8 @@ class Engine:
         rows_by_key = sel[np.argsort(code[sel], kind="stable")]
         for rows in np.split(rows_by_key, np.flatnonzero(np.diff(code[rows_by_key])) + 1):
             body = fr.body.gather(rows)
-            for ki in routes.kinds[code[rows[0]]]:
+            cands = routes.kinds[code[rows[0]]]
+            for ki in cands:
                 if not allowed[ki]:
                     continue
                 live = ~claimed[rows]
@@ -693,10 +737,17 @@ class Engine:
                     break
                 kind = self.kinds[ki]
                 live &= fr.record[rows] if kind.frame == "record" else ~fr.record[rows]
-                if kind.prefilter and live.any():
+                if kind.prefilter and (len(cands) > 1 or self._prefilter_needed(ki)) and live.any():
                     live &= body.str.contains(kind.prefilter, literal=True).to_numpy()
                 if live.any():
                     self._claim(ki, fr, rows[live], body.filter(pl.Series(live)), out)
+
+    def _prefilter_needed(self, ki: int) -> bool:
+        need = self._needs_prefilter[ki]
+        if need is None:
+            kind = self.kinds[ki]
+            need = self._needs_prefilter[ki] = not literal_implied(kind.regex, kind.prefilter)
+        return need
 
     def _claim(self, ki: int, fr: Framed, idx: np.ndarray, sub: pl.Series, out: _Claims) -> None:
         """Match kind ``ki``'s regex on the rows ``idx`` (their bodies ``sub``); the matching rows become its lines."""
@@ -854,19 +905,24 @@ class Engine:
 
     def _type(self, part: pl.DataFrame) -> pl.DataFrame:
         """Cast each field to its declared type: numbers first as they are (a regex group holds only the number),
-        and only where that gave nothing, once more without surrounding spaces (a record's "12 " or " 12")."""
-        exprs = []
+        and only where that gave nothing, once more without surrounding spaces (a record's "12 " or " 12").
+        Each column's second look runs only when some value needs it."""
+        out = []
         for col in part.columns:
             spec = self.fields.get(col)
             if col in {"__row", "kind", "role"} or spec is None:
                 continue
-            c = pl.col(col)
+            c = part[col]
             if spec.type == "bool":
-                exprs.append(c.str.strip_chars().str.to_lowercase().is_in(["1", "true"]).alias(col))
+                out.append(c.str.strip_chars().str.to_lowercase().is_in(["1", "true"]))
             elif spec.type == "str":  # trailing spaces are a log store's, not the line's meaning
-                exprs.append(pl.when(c.str.ends_with(" ")).then(c.str.strip_chars_end()).otherwise(c).alias(col))
+                spaced = c.str.ends_with(" ")
+                if spaced.any():
+                    out.append(_when(spaced, c.str.strip_chars_end(), c).alias(col))
             else:
                 dtype = DTYPES[spec.type]
-                exprs.append(pl.coalesce(c.cast(dtype, strict=False), c.str.strip_chars().cast(dtype, strict=False))
-                             .alias(col))
-        return part.with_columns(exprs) if exprs else part
+                typed = c.cast(dtype, strict=False)
+                if typed.null_count() > c.null_count():
+                    typed = typed.fill_null(c.str.strip_chars().cast(dtype, strict=False))
+                out.append(typed)
+        return part.with_columns(out) if out else part

@@ -16,12 +16,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("parsers.engine",)),
     ("assemble", ("parsers.assemble", "parsers")),
     ("store", ("forensics", "forensics.store", "forensics.schema", "forensics.paths", "forensics.vocab",
-               "forensics.sql", "forensics.compact", "forensics.check")),
+               "forensics.sql", "forensics.compact", "forensics.check", "forensics.fleet", "forensics.spark")),
     ("intake", ("forensics.ingest", "forensics.duplicates", "forensics.replay", "forensics.generate")),
     ("analysis", ("forensics.findings", "forensics.repetition", "forensics.metrics", "forensics.verdict",
-                  "forensics.compare", "forensics.evidence", "forensics.runs", "forensics.replay.tables")),
+                  "forensics.compare", "forensics.evidence", "forensics.runs", "forensics.replay.tables",
+                  "forensics.session", "forensics.registry", "forensics.sentences", "forensics.sweep",
+                  "forensics.planning")),
     ("outputs", ("forensics.charts", "forensics.report", "forensics.render", "forensics.demo", "forensics.docs",
-                 "forensics.watch")),
+                 "forensics.watch", "forensics.otel", "forensics.planning.charts", "forensics.planning.section")),
     ("interface", ("forensics.cli", "forensics.commands", "forensics.__main__")),
 ]
 
@@ -31,7 +33,7 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 # Only these may import the CLI framework and the chart library (and its renderer).
 UI_LIBRARIES = ("click", "altair", "vl_convert")
-UI_MODULES = ("forensics.cli", "forensics.commands", "forensics.charts", "forensics.report")
+UI_MODULES = ("forensics.cli", "forensics.commands", "forensics.charts", "forensics.report", "forensics.planning.charts")
 
 
 def _module_name(path: Path) -> str:

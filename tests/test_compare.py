@@ -59,9 +59,10 @@ def test_compare_cli(demo: tuple[Path, Any], tmp_path: Path) -> None:
     assert "# items missing" in res.stdout
     assert res.stderr.splitlines() == [
         "run-np4 → run-np6: np 4 → 6 (+50%), 49 → 96 (+96%) requests.",
-        "Throughput 46.25 tok/s → 75.28 tok/s (+63%); wall time 270.2 s → 344.8 s (+28%).",
+        "Throughput 46.25 tok/s → 75.28 tok/s (+63%), 46.25 tok/s → 72.76 tok/s (+57%) from normal requests; "
+        "wall time 270.2 s → 344.8 s (+28%).",
         "Latency p50 10.80 s → 13.90 s (+29%), p95 22.75 s → 43.92 s (+93%).",
-        "Findings: dead slots 0 → 1, runaways 2 → 2, prompts over the context 2 → 0.",
+        "Findings: dead slots 0 → 1, runaways 2 → 2, prompts over the context 2 → 0, failovers 0 → 1.",
         "Items missing only in run-np4: META, V; only in run-np6: CRM.",
         f"compare: chart written to {chart}",
     ]

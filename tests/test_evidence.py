@@ -36,8 +36,7 @@ def test_bad_spot_and_moved_log(tmp_path: Path) -> None:
 
 def test_a_requests_own_lines(tmp_path: Path) -> None:
     """Two slots interleaved: the request's lines are its own, not the other slot's in between."""
-    log = Path(__file__).resolve().parents[1] / "fixtures" / "server-runs"
-    src = next(p for p in sorted(log.rglob("*.log")))
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "server-runs" / "real-2026" / "server.log"
     ingest(tmp_path / "store", [src], IngestOptions(run="r"))
     store = Store(tmp_path / "store")
     con = store.connect(tables=["requests"])

@@ -6,6 +6,7 @@ unexpected error is one line asking for a bug report with code 3 (``--debug`` ad
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: py
 
 
 COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"],
-            ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"]]
+            ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"], ["verdict"],
+            ["compare"], ["compact"], ["watch"], ["demo"]]
 WORDS = ["r1", "nope", "--format", "json", "csv", "table", "xml", "--by", "np", "-o", "--fail-on", "any",
          "--max-run", "20m", "--max-request", "-5", "abc", "--margin", "-1", "timeline", "select", "1/0",
          "--quantile", "2", "--run", "", "--keep-going", "--mapping", "vllm-bench", "--tz", "Mars/Base",
@@ -100,8 +102,82 @@ def test_no_command_answers_bad_input_with_a_traceback(store: Path, tmp_path: Pa
         args = ["ingest", *words, str(tmp_path / "nothing-here"), "--store", str(tmp_path / "s")]
     if cmd == ["generate"]:
         args = ["generate", *words, str(tmp_path / "gen")]
+    if cmd == ["watch"]:  # never follow for long: one pass over what is there
+        args = ["watch", *words, str(tmp_path / "nothing-here"), "--once", "--store", str(tmp_path / "w")]
+    if cmd == ["demo"]:
+        args = ["demo", *words, "--out", str(LOG)]  # a file, not a folder: refused before any work
     code, _, err = run(*args)
     assert code in (0, 1, 2), (args, code, err)
     assert "Traceback" not in err and "internal error" not in err, (args, err)
     if code == 2:
-        assert len(err.strip().splitlines()) >= 1 and err.strip(), args
+        assert_one_line(err, args)
+
+
+def assert_one_line(err: str, args: object) -> None:
+    """An input error, a usage error included (an unknown option, a missing argument, a bad choice), is
+    exactly one line on stderr: ``forensics: error: ...``."""
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("forensics: error: ") and len(lines[0]) > 20, (args, err)
+
+
+def test_a_usage_error_is_one_line() -> None:
+    code, out, err = run("chart")
+    assert (code, out) == (2, "")
+    assert err == ("forensics: error: Missing argument '{throughput|latency|timeline|tokens|busy}'. Choose from: "
+                   "throughput, latency, timeline, tokens, busy (see `forensics chart --help`)\n")
+    code, _, err = run("--bogus")
+    assert code == 2 and err == "forensics: error: No such option '--bogus'. (see `forensics --help`)\n"
+
+
+def test_the_store_may_come_before_the_command(store: Path, tmp_path: Path) -> None:
+    """``forensics --store S COMMAND``, as the README says every command takes it; the command's own wins."""
+    s = tmp_path / "s"
+    code, _, err = run("--store", str(s), "ingest", str(LOG), "--run", "r2")
+    assert code == 0, err
+    assert run("--store", str(s), "runs", "--format", "csv")[0] in (0, 2)
+    code, out, _ = run("--store", str(s), "sql", "select distinct run from requests")
+    assert code == 0 and "r2" in out
+    code, out, _ = run("--store", str(tmp_path / "other"), "sql", "--store", str(s), "select distinct run from requests")
+    assert code == 0 and "r2" in out  # the command's own --store wins
+
+
+def test_runs_takes_run_names(tmp_path: Path) -> None:
+    from fixtures.findings.scenarios import build
+
+    st = build(tmp_path / "s")
+    code, out, err = run("runs", "overflow", "--store", str(st.root), "--format", "csv")
+    assert code == 0, err
+    assert [line.split(",")[0] for line in out.splitlines()] == ["run", "overflow"]
+    code, out, err = run("runs", "nope", "--store", str(st.root))
+    assert (code, out) == (2, "")
+    assert_one_line(err, "runs nope")
+    assert err.startswith("forensics: error: no run 'nope' in the store")
+
+
+def test_report_onto_a_folder_or_an_unwritable_path_is_an_input_error(store: Path, tmp_path: Path) -> None:
+    """Exit 2 with one line, and nothing written outside the target's own folder (not even a temporary file)."""
+    top = tmp_path / "top"
+    top.mkdir()
+    code, out, err = run("report", "r1", "--store", str(store), "-o", str(top))
+    assert (code, out) == (2, "")
+    assert err == f"forensics: error: {top} is a folder, not a file to write the report to (name a file, e.g. " \
+                  f"{top / 'report.html'})\n"
+    assert list(top.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["top"]
+    code, out, err = run("report", "r1", "--store", str(store), "-o", "/")
+    assert (code, out) == (2, "") and err.startswith("forensics: error: / is a folder")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, out, err = run("report", "r1", "--store", str(store), "-o", str(locked / "r.html"))
+    finally:
+        locked.chmod(0o700)
+    if os.geteuid() != 0:  # root writes anywhere: the folder is not unwritable for it
+        assert (code, out) == (2, "")
+        assert_one_line(err, "report -o locked")
+        assert err.startswith(f"forensics: error: cannot write the report to {locked / 'r.html'}: ")
+    assert [p.name for p in locked.iterdir()] in ([], ["r.html"])
+    code, out, err = run("report", "r1", "--store", str(store), "-o", "/proc/forensics-test/r.html")
+    assert (code, out) == (2, "")
+    assert_one_line(err, "report -o /proc/...")
+    assert err.startswith("forensics: error: cannot write the report to /proc/forensics-test/r.html: ")

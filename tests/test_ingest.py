@@ -194,26 +194,32 @@ def test_reingest_unchanged_adds_nothing_and_replaced_file_is_reread(tmp_path: P
 
 
 def test_unknown_file_fails_clearly_unless_keep_going(tmp_path: Path, store_dir: Path) -> None:
+    """Named on the command line, a file nothing reads is an error (in a folder it is passed over and counted,
+    see tests/test_replay_rundir.py)."""
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "server.log").write_text(ERA5)
-    (tmp_path / "logs" / "notes.txt").write_text("shopping list\nmilk\n")
+    notes = tmp_path / "logs" / "notes.txt"
+    notes.write_text("shopping list\nmilk\n")
+    named = [tmp_path / "logs" / "server.log", notes]
     with pytest.raises(FilesNotRead) as exc:
-        ingest(store_dir, [tmp_path / "logs"])
+        ingest(store_dir, named)
     assert exc.value.result.errors == [
-        f"{tmp_path / 'logs' / 'notes.txt'}: not a llama-server log or replay record this version knows (pass "
+        f"{notes}: not a llama-server log or replay record this version knows (pass "
         "--format NAME to force a log format, --mapping FILE for harness records, or --keep-going to load the "
         "other files)"]
     assert _requests(store_dir).height == 1  # the other files still load
-    res = CliRunner().invoke(cli, ["ingest", "--store", str(tmp_path / "cli"), str(tmp_path / "logs")])
+    res = CliRunner().invoke(cli, ["ingest", "--store", str(tmp_path / "cli"), *map(str, named)])
     assert res.exit_code == 2
-    assert f"error     {tmp_path / 'logs' / 'notes.txt'}  ?  {tmp_path / 'logs' / 'notes.txt'}: not a llama-server log" \
-        in res.stderr
+    assert f"error     {notes}  ?  {notes}: not a llama-server log" in res.stderr
     assert res.stderr.splitlines()[-1] == ("forensics: error: 1 file could not be read; the others were ingested "
                                            "(fix or remove them, or pass --keep-going to accept this)")
     assert _requests(tmp_path / "cli").height == 1
-    result = ingest(tmp_path / "kg", [tmp_path / "logs"], IngestOptions(keep_going=True))
-    assert [f.status for f in result.files] == ["error", "ingested"]
+    result = ingest(tmp_path / "kg", named, IngestOptions(keep_going=True))
+    assert sorted(f.status for f in result.files) == ["error", "ingested"]
     assert _requests(tmp_path / "kg").height == 1
+    folder = CliRunner().invoke(cli, ["ingest", "--store", str(tmp_path / "folder"), str(tmp_path / "logs")])
+    assert folder.exit_code == 0, folder.output
+    assert "warning: passed over 1 file of the run folders: " in folder.stderr
 
 
 def test_cli_sql_json_and_exit_codes(tmp_path: Path, store_dir: Path) -> None:

@@ -104,7 +104,13 @@ def test_scaling_knee_and_sentence(store_dir: Path) -> None:
     # gain per extra slot: 0.818, (1.6923 - 1) / 2 = 0.346, (1.3 - 1) / 4 = 0.075 < 10 % -> knee at np 4
     assert sc.table["throughput_gain_per_step"].to_list()[1:] == pytest.approx([0.81818, 0.34615, 0.075], rel=1e-4)
     assert sc.knee == 4
-    assert sc.sentence == "above np 4 each extra slot adds 8 % throughput and 13 % latency"  # (20/13 - 1) / 4
+    # the measured knee is np 4, and the fitted model (latency = 8.087 + 1.443 np below) puts it at np 5, which no
+    # run measured: one knee, said as the interval between the measured np 4 and 8; (20/13 - 1) / 4 latency
+    assert sc.knee_between == (4, 8) and sc.model_knee == 5 and sc.model_sentence is None
+    assert sc.sentence == ("fitted latency = 8.09 s + 1.44 s × np: the knee is between np 4 and 8: from 4 to 8 each "
+                           "extra slot added 8 % throughput and 13 % latency")
+    assert metrics.knee([1, 2, 4, 8], [None, 0.818, 0.346, 0.075], [None, 0.1, 0.09, 0.135])[1] == \
+        "above np 4 each extra slot adds 8 % throughput and 14 % latency"  # without a model: the measured knee
     # latency 10, 11, 13, 20 vs 1, 2, 4, 8: Sxy 41.5, Sxx 28.75
     assert sc.fit is not None
     assert sc.fit.b == pytest.approx(41.5 / 28.75)
@@ -175,11 +181,13 @@ def test_throughput_cli_table_json_and_knee_sentence(store_dir: Path) -> None:
         "np,runs,gen_tok_per_s,req_per_s,latency_p50_s,latency_p90_s,effective_concurrency,peak_busy_slots,"
         "throughput_gain_per_step,latency_growth_per_step")
     assert [line.split(",")[0] for line in res.stdout.splitlines()[1:]] == ["1", "2", "4", "8"]
-    assert res.stderr.splitlines()[-2] == "above np 4 each extra slot adds 8 % throughput and 13 % latency"
-    # fitted: T(c) = c / (8.087 + 1.443 c); T6/T5 - 1 = 9.7 % < 10 % at np 5, latency 16.745/15.302 - 1 = 9.4 %
-    assert res.stderr.splitlines()[-1] == ("fitted latency = 8.09 s + 1.44 s × np: above np 5 each extra slot "
-                                           "adds 10 % throughput and 9 % latency")
-    assert res.stderr.splitlines()[0].startswith("fit: latency_p50_s = 8.087 + 1.443 x np")
+    # fitted: T(c) = c / (8.087 + 1.443 c); T6/T5 - 1 = 9.7 % < 10 % at np 5, which no run measured: one knee,
+    # between the measured np 4 and 8 (the step from 4 to 8 adds (1.3 - 1) / 4 = 7.5 % per slot)
+    assert res.stderr.splitlines()[-1] == ("fitted latency = 8.09 s + 1.44 s × np: the knee is between np 4 and 8: "
+                                           "from 4 to 8 each extra slot added 8 % throughput and 13 % latency")
+    assert sum("knee" in line or "above np" in line for line in res.stderr.splitlines()) == 1
+    assert res.stderr.splitlines()[0] == "note: compared: every run in the store: np1, np2, np4, np8"
+    assert res.stderr.splitlines()[1].startswith("fit: latency_p50_s = 8.087 + 1.443 x np")
 
 
 def test_model_knee_from_the_fitted_latency() -> None:

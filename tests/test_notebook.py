@@ -35,9 +35,16 @@ def _walks_the_findings(text: str) -> None:
     assert "main-np6.log:493  2.15.271.610 I slot      release: id  2 | task 207 | stop processing" in text
     assert "n_gen =    100, tg =   3.90 t/s" in text
     assert "left out run-np8: The run did not complete (killed: killed by a watchdog after 70 s)." in text
-    assert "fitted latency = 3.98 s + 1.60 s × np: above np 4 each extra slot adds 8 % throughput" in text
+    assert "left out run-np4: 2 outputs ran far longer than normal" in text  # runaways: not throughput
+    # one knee, between two measured np (the fitted model's, np 4, is a run left out)
+    assert ("fitted latency = 3.92 s + 1.59 s × np: the knee is between np 3 and 5: from 3 to 5 each extra slot "
+            "added 8 % throughput and 14 % latency") in text
     assert "│ dead slot ┆ 4   │" in text and "│ runaway   ┆ 2   │" in text
     assert "Items missing only in run-np6: CRM." in text
+    # what if: the run's own budget (requests under 120 s), the recommended np and cap, the run replayed there
+    assert "Recommended np 16 with output cap 1024 (predicted: the median of run-np1" in text
+    assert "run-np6 at np 16 (it ran at np 6) with output cap 1024: run time " in text
+    assert "Cap 1024 cuts 2 runaway(s) (CRM/extract), 0 normal response(s)" in text
 
 
 def test_the_notebook_walks_the_users_store(demo: tuple[Path, Any], tmp_path: Path,

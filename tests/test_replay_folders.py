@@ -1,6 +1,7 @@
 """``--mapping`` on a run folder as users have them: the mapping reads the files its ``files`` globs name,
-everything else is read as usual (the server log, the run manifest), ``--keep-going`` keeps going past any
-file that cannot be read, and no manifest is dropped.
+everything else is read as usual (the server log, the run manifest, the server's /metrics dump), a JSON file
+of another kind is passed over and counted, ``--keep-going`` keeps going past any file that cannot be read,
+and no manifest is dropped.
 
 The folder holds real files: a llama-server log (fixtures/server-runs/real-2026) and a vLLM benchmark result
 (fixtures/replay/real/vllm), next to a harness manifest, a Prometheus dump and an unrelated JSON file.
@@ -42,15 +43,12 @@ def folder(tmp_path: Path, *, extra_json: bool = False) -> Path:
 def test_the_mapping_reads_its_files_and_everything_else_is_read_as_usual(tmp_path: Path) -> None:
     run = folder(tmp_path)
     store = str(tmp_path / "s")
-    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going", "-v")
+    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "-v")
     assert code == 0, err
     lines = [line for line in err.splitlines() if not line.startswith(("warning: ", "total: "))]
-    prom = (f"error     {run / 'metrics.prom'}  ?  {run / 'metrics.prom'}: not a llama-server log or replay record "
-            "this version knows (pass --format NAME to force a log format, --mapping FILE for harness records, or "
-            "--keep-going to load the other files)")
     assert lines == [
         f"ingested  {run / 'manifest.json'}  records:manifest",
-        prom,
+        f"ingested  {run / 'metrics.prom'}  server:metrics  1 sample: prompt_tokens_total=9888",
         f"ingested  {run / 'result.json'}  records:mapped",
         f"ingested  {run / 'server.log'}  llama-common  lines=345 parsed=345 skipped=0 unparsed=0 requests=48",
     ]
@@ -59,21 +57,28 @@ def test_the_mapping_reads_its_files_and_everything_else_is_read_as_usual(tmp_pa
                     "--format", "csv")[1]
     assert out == ("run,concurrency,model,summary_requests,alias\n"
                    "bench-0907,10,meta-llama/Meta-Llama-3-8B-Instruct,10,result\n")
-    # without --keep-going the other files are in too, and the exit code says one was not
+    # a text note nothing reads is passed over and counted; --exclude leaves it out
+    (run / "notes.txt").write_text("restarted the server twice before this run\n")
     code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", str(tmp_path / "s2"))
-    assert code == 2
-    assert err.splitlines()[-1] == ("forensics: error: 1 file could not be read; the others were ingested (fix or "
-                                    "remove them, or pass --keep-going to accept this)")
+    assert code == 0, err
+    assert "warning: passed over 1 file of the run folders: " in err
+    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", str(tmp_path / "s3"),
+                             "--exclude", "*.txt")
+    assert code == 0, err
+    assert f"warning: left out 1 file by --exclude (e.g. {run / 'notes.txt'})\n" in err
 
 
-def test_keep_going_goes_past_a_file_the_mapping_does_not_fit(tmp_path: Path) -> None:
+def test_a_json_file_of_another_kind_is_passed_over_and_counted(tmp_path: Path) -> None:
+    """config.json matches the mapping's ``*.json`` glob but has none of vLLM's fields: not vLLM's file."""
     run = folder(tmp_path, extra_json=True)
     store = str(tmp_path / "s")
-    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "--keep-going", "-v")
+    code, _, err = forensics("ingest", str(run), "--mapping", "vllm-bench", "--store", store, "-v")
     assert code == 0, err
-    mapping = ROOT / "forensics" / "mappings" / "vllm-bench.toml"
-    assert (f"error     {run / 'config.json'}  records:?  {mapping}: [manifest.fields] model = 'model_id': no such "
-            f"field in {run / 'config.json'} (fields there: threads)\n") in err
+    assert (f"skipped   {run / 'config.json'}  other  not read: config.json has none of the fields mapping vllm-bench "
+            "reads (it has: threads)\n") in err
+    assert ("warning: passed over 1 file of the run folders: not a log, replay records (or a file the mapping reads) "
+            "or a server dump (config.json); -v says why for each, --format NAME reads a log of a format not detected, "
+            "--exclude GLOB leaves files out\n") in err
     assert f"ingested  {run / 'result.json'}  records:mapped\n" in err
     attempts = forensics("sql", "SELECT count(*) AS n FROM attempts", "--store", store, "--format", "csv")[1]
     assert attempts == "n\n10\n"

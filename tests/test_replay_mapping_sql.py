@@ -207,7 +207,8 @@ def test_relative_times_without_an_anchor_are_left_empty_and_said_so(tmp_path: P
     res = CliRunner().invoke(cli, ["ingest", str(data), "--mapping", "vllm-bench", "--store", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     assert (f"warning: {data}: times on a relative clock and no wall-clock anchor for them (anchor = "
-            "benchmark_start_time_unix, manifest: none found): started_at and ended_at left empty\n") in res.stderr
+            "benchmark_start_time_unix, manifest: none found): started_at and ended_at left empty, the times kept on "
+            "their own clock (started_rel_s, ended_rel_s), which throughput, latency and concurrency use\n") in res.stderr
     # vLLM's fork that writes benchmark_start_time_unix: its start_times are anchored there
     doc = json.loads(data.read_text())
     doc["benchmark_start_time_unix"] = 1772446500.0

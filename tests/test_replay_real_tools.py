@@ -27,7 +27,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REAL = FIX / "real"
-MAPPING = {"vllm": "vllm-bench", "guidellm": "guidellm", "aiperf": "aiperf", "llmperf": "llmperf", "sglang": "sglang"}
+MAPPING = {"vllm": "vllm-bench", "guidellm": "guidellm", "aiperf": "aiperf", "llmperf": "llmperf", "sglang": "sglang",
+           "inference-perf": "inference-perf", "genai-bench": "genai-bench", "trtllm-bench": "trtllm-bench",
+           "genai-perf": "genai-perf"}
 FILES = sorted(p.with_name(p.name.removesuffix(".provenance.toml")) for p in REAL.rglob("*.provenance.toml"))
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TO_MS = {"s": 1000.0, "ms": 1.0}
@@ -50,7 +52,7 @@ def wall(value: str, unit: str) -> datetime:
 
 
 def test_every_real_file_has_a_shipped_mapping() -> None:
-    assert len(FILES) == 11
+    assert len(FILES) == 23
     assert {tool(p) for p in FILES} == set(MAPPING)
     assert set(MAPPING.values()) <= set(replay.shipped_mappings())
 
@@ -77,6 +79,10 @@ def test_shipped_mapping_reads_the_real_file_exactly(path: Path) -> None:
         assert recs.runs["concurrency"].to_list() == [f["concurrency"]]
     if f["requests"] == 0:  # a summary: no per-request rows, one run per run it describes
         assert recs.runs.height >= 1 and recs.runs["summary_requests"].null_count() == 0
+    for key in ("summary_requests", "summary_failed", "summary_input_tokens", "summary_output_tokens",
+                "summary_duration_s"):
+        if key in f:  # what the summary itself counts, read off the file by hand
+            assert recs.runs[key].to_list() == [pytest.approx(f[key])], key
 
 
 def test_summary_counts_are_the_summary_files_own() -> None:
@@ -123,7 +129,9 @@ def test_guidellm_sampled_lists_are_said_to_be_a_sample(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(MAPPING))
 def test_a_tool_folder_ingests_in_one_command(tmp_path: Path, name: str) -> None:
     """Each tool's folder of real files, with --mapping: every file read, summaries said to be summaries."""
-    data = sorted(p for p in (REAL / name).rglob("*") if p.is_file() and not p.name.endswith(".toml"))
+    # a twin (the same run in another format: GuideLLM's YAML report) would repeat its run's requests
+    data = sorted(p for p in (REAL / name).rglob("*") if p.is_file() and not p.name.endswith(".toml")
+                  and "twin_of" not in facts(p))
     folder = tmp_path / name
     for p in data:  # the tool's output folder as its user has it (without our provenance notes)
         (folder / p.relative_to(REAL / name)).parent.mkdir(parents=True, exist_ok=True)
@@ -134,9 +142,37 @@ def test_a_tool_folder_ingests_in_one_command(tmp_path: Path, name: str) -> None
     listed = {line.split()[1]: line.split()[2] for line in res.stderr.splitlines() if line.startswith("ingested ")}
     assert sorted(listed) == [str(folder / p.relative_to(REAL / name)) for p in data]
     # a tool's summary file says so in its line; a file of run facts named by the mapping is a manifest
-    named = {"groq_70b_summary.json", "profile_export_aiperf.json"}
+    named = {"groq_70b_summary.json", "profile_export_aiperf.json", "profile_export_aiperf.csv",
+             "summary_lifecycle_metrics.json", "stage_0_lifecycle_metrics.json", "stage_6_lifecycle_metrics.json",
+             "result_128_128_30000.txt", "profile_export_genai_perf.json"}
     assert {Path(p).name for p, kind in listed.items() if kind == "records:summary"} == {
         p.name for p in data if facts(p)["requests"] == 0} - named
     runs = CliRunner().invoke(cli, ["runs", "--store", str(store), "--format", "csv"])
     rows = [line.split(",") for line in runs.stdout.splitlines()[1:]]
     assert sum(int(r[6]) for r in rows) == sum(facts(p)["requests"] for p in data)  # attempts
+
+
+def test_aiperf_summaries_of_both_layouts_give_their_counts() -> None:
+    """Early AIPerf nests the metrics under records{}; 0.8+ puts them at the top level and the concurrency in the
+    profiling phase; the CSV export says the same in a Metric,Value table.  Counts read off the files by hand."""
+    early = replay.load(REAL / "aiperf" / "aiperf-early-run1" / "profile_export_aiperf.json", mapping="aiperf")
+    assert early.runs.select("concurrency", "summary_requests", "summary_ok", "summary_failed").row(0) == (
+        100, 100, 89, 11)
+    new = REAL / "aiperf" / "qwen36-w0-chatbot-c1"
+    recent = replay.load(new / "profile_export_aiperf.json", mapping="aiperf")
+    assert recent.runs.select("run", "concurrency", "model", "summary_requests", "summary_ok", "summary_failed",
+                              "summary_input_tokens", "summary_output_tokens").row(0) == (
+        "qwen36-w0-chatbot-c1", 1, "Qwen3-VL-30B-A3B-Instruct-optimumxt", 20, 20, 0, 11698, 5970)
+    assert recent.runs["summary_duration_s"][0] == pytest.approx(471.827992497)
+    both = replay.load([new / "profile_export_aiperf.csv", new / "profile_export_aiperf.json"], mapping="aiperf")
+    assert both.notes == []  # 471.83 (CSV) and 471.827992497 (JSON) are one number: no disagreement
+    assert both.runs.select("summary_requests", "summary_duration_s").row(0) == (20, 471.827992497)
+
+
+def test_a_vllm_result_without_errors_is_read_and_says_so_once(tmp_path: Path) -> None:
+    path = REAL / "vllm" / "atom_mtp_profile_tp4_conc64_isl8192_osl1024.json"
+    res = CliRunner().invoke(cli, ["ingest", str(path), "--mapping", "vllm-bench", "--store", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("no errors array") == 1
+    assert (f"ingested  {path}  records:mapped  no errors array: no failure is recorded, every request counts as ok\n"
+            in res.stderr)

@@ -40,3 +40,18 @@ def test_vllm_result_without_start_times_or_texts(tmp_path: Path) -> None:
     assert recs.errors == []
     assert recs.attempts.select("item", "outcome", "tokens_evaluated", "tokens_predicted", "started_at").rows() == [
         ("0", "ok", 10, 5, None), ("1", "timeout", 20, 0, None)]
+
+
+def test_genai_perf_per_request_export_in_the_shape_its_maintainers_test() -> None:
+    """Perf Analyzer's profile_export.json as GenAI-Perf's own parser tests build it (fixtures/replay/tools, not a
+    real run: none was found): requests under experiments[], nanosecond times, raw SSE chunks."""
+    from tests.replay_helpers import FIX
+
+    path = FIX / "tools" / "genai-perf-parser-test" / "profile_export.json"
+    doc = json.loads(path.read_text())
+    recs = replay.load(path, mapping="genai-perf")
+    assert recs.errors == []
+    assert recs.runs.select("run", "concurrency").rows() == [("genai-perf-parser-test", 10)]
+    reqs = doc["experiments"][0]["requests"]
+    assert recs.attempts["outcome"].to_list() == ["ok"] * len(reqs)
+    assert recs.attempts["ttft_ms"].to_list() == [(r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in reqs]

@@ -63,14 +63,15 @@ def test_the_verdict_comes_first_and_links_to_its_tables(demo_page: str) -> None
 
 def test_throughput_pools_only_the_comparable_healthy_runs(demo_page: str) -> None:
     """One run named: its sweep (the runs with its model and stages), less the runs that measured a broken
-    server: the dead slot of run-np6 itself, and run-np8 that a watchdog killed."""
-    section = demo_page[demo_page.index('<h2 id="throughput">'):demo_page.index('<h2 id="metrics">')]
-    assert ("<p>Compared: the runs with the same model and stages: run-np1, run-np2, run-np3, run-np4, run-np5, "
+    server: the runaways of run-np4 (their garbage tokens are not throughput), the dead slot of run-np6 itself,
+    and run-np8 that a watchdog killed."""
+    section = demo_page[demo_page.index('<h2 id="throughput">'):demo_page.index('<h2 id="whatif">')]
+    assert ("<p>Compared: the runs with the same model and stages: run-np1, run-np2, run-np3, run-np5, "
             "run-np7.</p>") in section
     left_out = re.findall(r"<li>(run-np\d+):", section)
-    assert left_out == ["run-np6", "run-np8"]
+    assert left_out == ["run-np4", "run-np6", "run-np8"]
     nps = re.findall(r'<tr><td class="num">(\d+)</td>', section)
-    assert nps == ["1", "2", "3", "4", "5", "7"]
+    assert nps == ["1", "2", "3", "5", "7"]
 
 
 def test_tables_wrap_and_long_cells_fold() -> None:
@@ -85,7 +86,7 @@ def test_tables_wrap_and_long_cells_fold() -> None:
 def test_report_references_no_external_url(demo_page: str) -> None:
     assert not EXTERNAL.search(demo_page)
     embeds = re.findall(r'vegaEmbed\("#chart-[a-z]+", (.*)\)\.catch', demo_page)
-    assert len(embeds) == 5
+    assert len(embeds) == 7
     assert not any("http" in e for e in embeds)  # the specs carry no $schema URL and no data URL
     assert demo_page.count("window.vegaEmbed=") == 1  # the library inlined once
 
@@ -98,17 +99,21 @@ def test_log_strings_are_escaped(page: Path) -> None:
 
 
 def test_a_section_that_cannot_be_computed_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from forensics import findings
+    from dataclasses import replace
+
+    from forensics import registry
     from forensics.errors import QueryError
 
-    def broken(store: object, run: str) -> pl.DataFrame:
+    def broken(session: object, runs: list[str]) -> pl.DataFrame:
         raise QueryError("error groups need <events>", hint="ingest the log again")
 
-    monkeypatch.setattr(findings, "error_groups", broken)
+    monkeypatch.setitem(registry.FINDINGS, "errors", replace(registry.FINDINGS["errors"], detail=broken))
     res = report.write_report(basic_store(tmp_path / "store"), "abs", tmp_path / "r.html")
     text = res.path.read_text(encoding="utf-8")
     assert '<p class="na">error groups need &lt;events&gt; (ingest the log again)</p>' in text
-    assert res.notes == ["errors: error groups need <events> (ingest the log again)"]
+    # the verdict reads the error groups, so the what-if section (which pools the healthy runs) cannot say either
+    assert res.notes == ["errors: error groups need <events> (ingest the log again)",
+                         "what if: error groups need <events> (ingest the log again)"]
     assert '<h2 id="throughput">' in text and 'id="chart-timeline"' in text  # the rest of the report is there
 
 
@@ -165,14 +170,16 @@ def test_a_sweep_report_compares_the_runs_named(demo: tuple[Path, Any], tmp_path
     assert res.exit_code == 0, res.output
     text = out.read_text(encoding="utf-8")
     assert "<h1>Runs run-np1, run-np2, run-np4</h1>" in text
-    assert "<p>Compared: the runs named: run-np1, run-np2, run-np4.</p>" in text
+    assert "<p>Compared: the runs named: run-np1, run-np2.</p>" in text  # run-np4's runaways: left out
+    assert "<li>run-np4: 2 outputs ran far longer than normal" in text
     verdict = re.sub(r"<[^>]+>", "", text[text.index('<h2 id="verdict">'):text.index('<h2 id="timeline">')])
     assert [ln.split(":")[0] for ln in verdict.splitlines() if ln.startswith("run-")] == \
         ["run-np1", "run-np2", "run-np4"]
 
 
 needs_chromium = pytest.mark.skipif(browser.CHROMIUM is None, reason="chromium is not installed")
-CHARTS = ("chart-timeline", "chart-tokens", "chart-busy", "chart-throughput", "chart-latency")
+CHARTS = ("chart-timeline", "chart-tokens", "chart-busy", "chart-throughput", "chart-latency", "chart-recommend",
+          "chart-whatif")
 
 
 def _blank_charts(report_path: Path, folder: Path) -> tuple[list[str], str]:

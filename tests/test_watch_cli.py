@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,39 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 def forensics(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "forensics", *args], cwd=cwd, capture_output=True, text=True,
                           env=ENV, timeout=timeout)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``cond`` (polled), failing after ``timeout`` seconds: a condition, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _has_requests(store: Path) -> bool:
+    try:
+        return bool(json.loads((store / "_manifest.json").read_text())["parts"].get("requests"))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+class StderrLines:
+    """A process's stderr read line by line as it comes, so a test can wait for a line."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line)
+
+    def text(self, timeout: float) -> str:
+        self._thread.join(timeout)
+        return "".join(self.lines)
 
 
 def history_with_runaway(tmp: Path) -> Path:
@@ -100,21 +135,20 @@ def test_an_alert_cut_off_mid_delivery_is_delivered_by_the_next_watch_once(tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "forensics", "watch", "logs", "--store", "st", "--poll", "0.3s",
                              "--cpu-budget", "1", "--timeout", "300s", "--on-runaway", hang], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    lines = StderrLines(proc)
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "st" / "watch" / "files.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        # the first pass has read the normal requests (their rows are in the store) before the runaway comes
+        wait_until(lambda: _has_requests(tmp_path / "st"), 60)
         with log.open("a") as fh:
             fh.write("".join(L.request(0, 5000, 40.0, 200, 3000)))
-        while not (tmp_path / "hook.pid").exists() and time.monotonic() < deadline + 30:
-            time.sleep(0.1)
+        wait_until(lambda: (tmp_path / "hook.pid").exists(), 60)
         proc.send_signal(signal.SIGINT)  # stops after the delivery under way ...
-        time.sleep(0.5)
+        wait_until(lambda: any("stopping after" in ln for ln in lines.lines), 60)
         proc.send_signal(signal.SIGINT)  # ... unless asked twice: then at once
         proc.wait(timeout=60)
         os.kill(int((tmp_path / "hook.pid").read_text()), signal.SIGKILL)  # it holds our stderr open
-        out, err = proc.communicate(timeout=60)
+        out = proc.stdout.read() if proc.stdout else ""
+        err = lines.text(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

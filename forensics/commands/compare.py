@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 EXAMPLES = """
 \b
@@ -29,9 +29,8 @@ def compare(run_a: str, run_b: str, out: Path | None, fmt: str, store_path: Path
     stdout: one row per metric (the two runs, the change, which is better); stderr: the changes in words."""
     from forensics.compare import compare as compute
     from forensics.render import render
-    from forensics.store import Store
 
-    cmp = compute(Store(cli_mod.resolve_store(store_path)), run_a, run_b)
+    cmp = compute(cli_mod.open_store(store_path), run_a, run_b)
     render(cmp.table, fmt, sys.stdout)
     if cmp.items.height and fmt == "table":
         sys.stdout.write("\n# items missing\n")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 from parsers.spec import ALIASES, format_names  # light: the format names only, no engine
 
 
@@ -24,6 +24,7 @@ class IngestArgs:
     mapping: str | None
     keep_going: bool
     tz: str
+    exclude: tuple[str, ...]
     verbose: bool
     store_path: Path | None
 
@@ -44,6 +45,8 @@ Examples:
               help="TOML mapping for another harness's records: a file, or a shipped one (vllm-bench, "
                    "guidellm, aiperf, llmperf, sglang).")
 @click.option("--keep-going", is_flag=True, help="Load the other files when one cannot be read (exit 0).")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Leave out files whose name (or path below a folder given) matches GLOB; repeatable.")
 @click.option("--tz", default="UTC", show_default=True,
               help="Time zone of log times written without one (syslog/journald prefixes), e.g. Europe/Berlin.")
 @click.option("-v", "--verbose", is_flag=True, help="One line per file read (files with something to say are "
@@ -63,7 +66,7 @@ def ingest(paths: tuple[str, ...], **opts: Any) -> None:
     try:
         options = ingest_mod.IngestOptions(
             run=a.run, fmt=a.fmt, started_at=ingest_mod.parse_time(started_at) if started_at else None,
-            keep_going=a.keep_going, mapping=a.mapping, tz=a.tz)
+            keep_going=a.keep_going, mapping=a.mapping, tz=a.tz, exclude=tuple(a.exclude))
         result = ingest_mod.ingest(
             store_dir, [Path(p) for p in paths], options, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
@@ -78,7 +81,7 @@ def ingest(paths: tuple[str, ...], **opts: Any) -> None:
 
 def _file_line(f: Any) -> str:
     line = f"{f.status:<9} {f.path}  {f.kind}"
-    if f.status not in {"unchanged", "error", "duplicate", "skipped"} and not f.kind.startswith("records"):
+    if f.status not in {"unchanged", "error", "duplicate", "skipped"} and not f.kind.startswith(("records", "server:")):
         line += (f"  lines={f.lines} parsed={f.parsed} skipped={f.skipped} unparsed={f.unparsed} "
                  f"requests={f.requests}")
     return line + (f"  {f.message}" if f.message else "")

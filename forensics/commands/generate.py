@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 
 @dataclass(frozen=True)

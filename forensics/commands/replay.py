@@ -7,22 +7,28 @@ from pathlib import Path
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 
 @click.command(epilog="""\b
 Examples:
   forensics runs                          every run: np, items expected / done / missing, wall time, end
+  forensics runs run-42 run-43            those two runs (a run's alias works too)
   forensics runs --format csv > runs.csv
 """)
+@click.argument("names", nargs=-1)
 @cli_mod.format_option
 @cli_mod.store_option
-def runs(fmt: str, store_path: Path | None) -> None:
-    """List the runs: np, items expected / done / missing, attempts, requests, wall time, how each ended."""
+def runs(names: tuple[str, ...], fmt: str, store_path: Path | None) -> None:
+    """List the runs (all of them when none is named): np, items expected / done / missing, attempts,
+    requests, wall time, how each ended."""
+    from forensics import runs as runs_mod
     from forensics.render import render
     from forensics.replay import tables as replay_tables  # loaded when a replay command runs
 
-    render(replay_tables.runs_table(cli_mod.open_store(store_path)), fmt, sys.stdout)
+    store = cli_mod.open_store(store_path)
+    asked = runs_mod.resolve(store, names, need="records", command="runs").runs if names else None
+    render(replay_tables.runs_table(store, asked), fmt, sys.stdout)
 
 
 @click.command(epilog="""\b

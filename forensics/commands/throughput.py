@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 from forensics.vocab import CHART_KINDS, SOURCES
 
 source_option = click.option(
@@ -36,15 +36,34 @@ def throughput(runs: tuple[str, ...], by: str | None, source: str, fmt: str, sto
     from forensics.render import render
 
     store = cli_mod.open_store(store_path)
-    m = metrics.throughput(store, list(runs), source=source)
     if by is None:
+        m = metrics.throughput(store, list(runs), source=source)
         render(m, fmt, sys.stdout)
         estimated = m.filter(m["estimated"])["run"].to_list()
         if estimated:
             click.echo(f"note: runs {', '.join(estimated)} have no timestamps: wall_s, rates, "
                        "effective_concurrency and peak_busy_slots are estimates from request order", err=True)
+        from forensics.replay.clock import clock_notes
+
+        for note in clock_notes(m):
+            click.echo(f"note: {note}", err=True)
         return
-    sc = metrics.scaling(m, by=by, store=store)
+    _fit(store, list(runs), by, source, fmt)
+
+
+def _fit(store: object, runs: list[str], by: str, source: str, fmt: str) -> None:
+    """The fit across the comparable healthy runs (``sweep.throughput_fit``): the table on stdout; which runs,
+    those left out and why, the fit and the knee on stderr."""
+    from forensics.render import render
+    from forensics.sweep import left_out_lines, throughput_fit
+
+    res = throughput_fit(store, runs, by=by, source=source)  # type: ignore[arg-type]
+    for line in left_out_lines(res.comparable):
+        click.echo(f"note: {line}", err=True)
+    sc = res.scaling
+    if sc is None:
+        click.echo("note: no healthy run to fit", err=True)
+        return
     render(sc.table, fmt, sys.stdout)
     for note in sc.notes:
         click.echo(f"note: {note}", err=True)
@@ -53,8 +72,6 @@ def throughput(runs: tuple[str, ...], by: str | None, source: str, fmt: str, sto
                    f"(b: seconds one more concurrent request adds; {sc.fit.n} runs"
                    + (f", r2 {sc.fit.r2:.2f}" if sc.fit.r2 is not None else "") + ")", err=True)
     click.echo(sc.sentence, err=True)
-    if sc.model_sentence:
-        click.echo(sc.model_sentence, err=True)
 
 
 @click.command(epilog="""\b

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 
 def _duration(text: str) -> float:
@@ -119,6 +119,7 @@ def _on_signals(stop: threading.Event) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
+        click.echo("watch: stopping after the cycle under way (interrupt again to stop at once)", err=True)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)

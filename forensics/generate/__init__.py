@@ -7,9 +7,12 @@
 from __future__ import annotations
 
 from forensics.generate.api import TRUTH_COLUMNS, GeneratedRun, Repeat, generate, parse_size
+from forensics.generate.fleet import FLEET_SCENARIOS
 from forensics.generate.model import CostModel, DeadSlot, Faults, Run, Scenario, Server, tickers
 from forensics.generate.presets import SCENARIOS, bench, deadslot, demo_scenarios, errors, healthy, runaway
 from forensics.generate.writers import ERAS, WRAPPERS
+
+SCENARIOS = {**SCENARIOS, **FLEET_SCENARIOS}
 
 FORMATS = tuple(ERAS)
 

@@ -52,7 +52,9 @@ ev AS (
                                 AND rq.slot IS NOT DISTINCT FROM mt.slot AND rq.seq IS NOT DISTINCT FROM mt.seq
 ),
 classified AS (
-    SELECT m.item, m.stage, m.attempts, b.blocker, l.*, e.match, e.match_reason, e.instance, e.slot, e.task,
+    -- the last attempt's columns by name (not l.*: its item and stage would be there twice)
+    SELECT m.item, m.stage, m.attempts, b.blocker, l.outcome, l.http_status, l.error, l.id_slot, l.tokens_predicted,
+           l.truncated, l.stop_type, l.server, l.started_at, l.ended_at, e.match, e.match_reason, e.instance, e.slot, e.task,
            e.prompt_tokens, e.gen_tokens, e.stop_reason, e.truncated AS server_truncated, e.server_error,
            e.server_status, e.t_end AS server_end, e.lines,
            CASE WHEN l.item IS NULL THEN 'never_attempted'

@@ -3,7 +3,14 @@
 -- Finds, for every request, its start and end in seconds since the run's first request (start_s,
 -- end_s), its latency, tokens and per-token latency, and whether it failed.  Two sources:
 --   * records (client side, the `attempts` table): used for a run when $source is 'records', or
---     'auto' and the run has attempts with send times.  Latency = ended_at - started_at.
+--     'auto' and the run has attempts with send times or latencies.  Their clock (time_basis):
+--       absolute   started_at / ended_at (wall clock);
+--       relative   started_rel_s / ended_rel_s: a harness's monotonic clock that nothing anchored
+--                  (vLLM's perf_counter start_times without benchmark_start_time_unix);
+--       durations  latencies (or only the run's duration in its summary), no send times (llmperf, vLLM
+--                  results without start_times): start_s and end_s stay null, and throughput takes the
+--                  run's duration (and, for a sample, its counts) from its summary.
+--     Latency = end - start, else latency_ms.
 --   * server (the `requests` table, from llama-server logs): otherwise.  Latency = total_ms / 1000.
 -- Clock of a server-log run (time_basis), the best its requests all have:
 --   absolute  t_start / t_end (an anchor exists): seconds since the run's first start;
@@ -16,7 +23,9 @@
 -- Parameters: $runs (VARCHAR[]) runs to include; $source ('auto' | 'server' | 'records').
 WITH rec_runs AS (
     SELECT DISTINCT run FROM attempts
-    WHERE started_at IS NOT NULL AND run IN (SELECT unnest($runs)) AND $source <> 'server'
+    WHERE (started_at IS NOT NULL OR started_rel_s IS NOT NULL OR latency_ms IS NOT NULL
+           OR run IN (SELECT run FROM runs WHERE summary_duration_s IS NOT NULL))
+      AND run IN (SELECT unnest($runs)) AND $source <> 'server'
 ),
 srv_raw AS (
     SELECT r.*,
@@ -70,9 +79,22 @@ srv_order AS (
 srv AS (
     SELECT * FROM srv_timed UNION ALL SELECT * FROM srv_order
 ),
+rec_clock AS (
+    SELECT run,
+           CASE WHEN bool_or(started_at IS NOT NULL) THEN 'absolute'
+                WHEN bool_or(started_rel_s IS NOT NULL) THEN 'relative'
+                ELSE 'durations' END AS time_basis
+    FROM attempts WHERE run IN (SELECT run FROM rec_runs) GROUP BY run
+),
 rec AS (
-    SELECT a.*, epoch(a.started_at) AS abs_start, epoch(a.ended_at) AS abs_end
-    FROM attempts a WHERE a.run IN (SELECT run FROM rec_runs)
+    SELECT a.*, c.time_basis,
+           CASE c.time_basis WHEN 'absolute' THEN epoch(a.started_at) WHEN 'relative' THEN a.started_rel_s END
+               AS abs_start,
+           CASE c.time_basis
+               WHEN 'absolute' THEN coalesce(epoch(a.ended_at), epoch(a.started_at) + a.latency_ms / 1000.0)
+               WHEN 'relative' THEN coalesce(a.ended_rel_s, a.started_rel_s + a.latency_ms / 1000.0)
+           END AS abs_end
+    FROM attempts a JOIN rec_clock c USING (run)
 )
 SELECT run, 'server' AS source, time_basis, instance, slot, task, seq,
        CAST(NULL AS VARCHAR) AS item, CAST(NULL AS VARCHAR) AS stage,
@@ -84,12 +106,12 @@ SELECT run, 'server' AS source, time_basis, instance, slot, task, seq,
        start0 AS start_s, end0 AS end_s, end0 - start0 AS duration_s, line_first
 FROM srv
 UNION ALL
-SELECT run, 'records' AS source, 'absolute' AS time_basis, server AS instance, id_slot AS slot,
+SELECT run, 'records' AS source, time_basis, server AS instance, id_slot AS slot,
        CAST(NULL AS BIGINT) AS task, attempt AS seq, item, stage,
        coalesce(tokens_evaluated, prompt_n) AS prompt_tokens,
        coalesce(tokens_predicted, predicted_n) AS gen_tokens,
        predicted_ms AS gen_ms,
-       abs_end - abs_start AS latency_s,
+       coalesce(abs_end - abs_start, latency_ms / 1000.0) AS latency_s,
        CASE WHEN coalesce(predicted_n, tokens_predicted) > 1 AND predicted_ms IS NOT NULL
             THEN predicted_ms / (coalesce(predicted_n, tokens_predicted) - 1) END AS tpot_ms,
        coalesce(outcome, 'failed') <> 'ok' AS failed,
@@ -97,6 +119,6 @@ SELECT run, 'records' AS source, 'absolute' AS time_basis, server AS instance, i
        truncated, CAST(NULL AS BOOLEAN) AS context_shift, max_tokens AS n_predict, error,
        abs_start - min(abs_start) OVER (PARTITION BY run) AS start_s,
        abs_end - min(abs_start) OVER (PARTITION BY run) AS end_s,
-       abs_end - abs_start AS duration_s, source_line AS line_first
+       coalesce(abs_end - abs_start, latency_ms / 1000.0) AS duration_s, source_line AS line_first
 FROM rec
 ORDER BY run, instance, slot, start_s, seq

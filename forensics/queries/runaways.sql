@@ -1,13 +1,19 @@
 -- runaways: requests whose output ran away.
 --
 -- A request counts when one of these holds (all that hold are listed in `why`):
---   tokens           gen_tokens >= $min_tokens and gen_tokens > $factor x the $quantile quantile of
+--   tokens           gen_tokens >= $min_tokens (or the client cancelled it: cut short, it would have gone on)
+--                    and gen_tokens > $factor x the $quantile quantile of
 --                    gen_tokens over the clean requests of its baseline group (run and stage when stages
 --                    are known, else run and instance; the whole run when the group has fewer than
 --                    $min_group clean requests)
---   context          it generated at least $min_tokens tokens and reached the context: truncated, a context
---                    shift, stop_reason 'context', or n_past_end >= the slot's context - $ctx_slack.  A request
---                    that reached the context with fewer tokens was filled by its prompt: prompt_over_context.sql
+--   context          it generated at least $min_tokens tokens, or more than $factor x its group's quantile (a
+--                    small context fills with fewer), and reached the context (fx_requests.ctx_full: a
+--                    context shift, stop_reason 'context', the server's "context shift is disabled" (HTTP 500,
+--                    b3812-b5408 with --no-context-shift: the output filled the context, the prompt fitted),
+--                    truncated at release unless the prompt was cut; or n_past_end >= the slot's context -
+--                    $ctx_slack).  A request that reached the context with an output that was not long was
+--                    filled by its prompt: prompt_over_context.sql.  gen_tokens of a request the server ended with an error
+--                    (no timings) is n_past at release - the prompt (findings_base.sql)
 --   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
 --   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
 -- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
@@ -40,12 +46,11 @@ task_ev AS (  -- one scan of the events for both kinds
 ),
 flags AS NOT MATERIALIZED (
     SELECT b.*,
-           (b.gen_tokens >= $min_tokens AND b.normal_q IS NOT NULL
+           ((b.gen_tokens >= $min_tokens OR coalesce(b.stop_reason = 'cancelled', false)) AND b.normal_q IS NOT NULL
             AND b.gen_tokens > $factor * b.normal_q) AS f_tokens,
-           (coalesce(b.gen_tokens >= $min_tokens, false)
-            AND (coalesce(b.truncated, false) OR coalesce(b.context_shift, false)
-                 OR coalesce(b.stop_reason = 'context', false)
-                 OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false))) AS f_context,
+           (coalesce(b.gen_tokens >= $min_tokens OR (b.normal_q IS NOT NULL AND b.gen_tokens > $factor * b.normal_q),
+                     false)
+            AND (b.ctx_full OR coalesce(b.n_past_end >= b.ctx_slot - $ctx_slack, false))) AS f_context,
            coalesce(e.cap, false) AS f_cap,
            coalesce(d.degenerate, false) AS f_rep,
            (coalesce(e.cancel, false) OR coalesce(b.stop_reason = 'cancelled', false)) AS cancelled
@@ -94,7 +99,7 @@ SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
            CASE WHEN regexp_matches(lower(n.item_next_error),
                                     'context (size|length|window)|exceeds the available context|kv cache is full')
                 THEN 'item_next_context_error' END), '') AS followed_by,
-       f.path, f.line_first, f.line_last
+       f.error, f.http_status, f.path, f.line_first, f.line_last
 FROM slot_next f
 LEFT JOIN item_next n ON n.run = f.run AND n.instance = f.instance AND n.slot = f.slot AND n.task = f.task
 WHERE f.f_tokens OR f.f_context OR f.f_cap OR f.f_rep

@@ -17,6 +17,7 @@ from forensics.replay.records import RawRecord, parse_time
 
 MANIFEST = "manifest"  # anchor at the run manifest's started_at
 TIME_KEYS = ("started_at", "ended_at")
+REL_KEYS = {"started_at": "started_rel_s", "ended_at": "ended_rel_s"}  # where an unanchored relative time is kept
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,14 @@ def resolve(raws: list[RawRecord], run_starts: dict[str, datetime]) -> list[str]
         anchor = _anchor_of(members, run_starts)
         if anchor is None:
             notes.append(f"{path}: times on a relative clock and no wall-clock anchor for them "
-                         f"({_wanted(members)}): started_at and ended_at left empty")
+                         f"({_wanted(members)}): started_at and ended_at left empty, the times kept on their own "
+                         "clock (started_rel_s, ended_rel_s), which throughput, latency and concurrency use")
         for r in members:
-            r.obj = {**r.obj, **{k: (iso(anchor + v.seconds - origin) if anchor is not None else None)
-                                 for k in TIME_KEYS if isinstance(v := r.obj.get(k), Relative)}}
+            rel = {k: v.seconds - origin for k in TIME_KEYS if isinstance(v := r.obj.get(k), Relative)}
+            if anchor is None:
+                r.obj = {**r.obj, **{k: None for k in rel}, **{REL_KEYS[k]: t for k, t in rel.items()}}
+            else:
+                r.obj = {**r.obj, **{k: iso(anchor + t) for k, t in rel.items()}}
     return notes
 
 
@@ -83,3 +88,20 @@ def manifest_starts(raws: list[RawRecord], known: dict[str, datetime]) -> dict[s
 
 def has_relative(obj: Any) -> bool:
     return isinstance(obj, dict) and any(isinstance(obj.get(k), Relative) for k in TIME_KEYS)
+
+
+def clock_notes(throughput: Any) -> list[str]:
+    """One note per kind of run in a ``throughput`` table whose records carry no wall-clock time: why the
+    wall-clock columns (attempts.started_at, ended_at) are empty and what the rates are measured on."""
+    notes = []
+    rel = throughput.filter(throughput["time_basis"] == "relative")["run"].to_list()
+    if rel:
+        notes.append(f"runs {', '.join(rel)}: their records' times are a monotonic clock's (e.g. vLLM's perf_counter "
+                     "start_times) with no wall-clock anchor, so started_at/ended_at are empty; wall_s, rates and "
+                     "concurrency are on that clock (started_rel_s)")
+    dur = throughput.filter(throughput["time_basis"] == "durations")["run"].to_list()
+    if dur:
+        notes.append(f"runs {', '.join(dur)}: their records carry no send times (durations only), so started_at/"
+                     "ended_at are empty; wall_s is the run's duration from its summary, latency each record's own, "
+                     "and peak_busy_slots unknown")
+    return notes

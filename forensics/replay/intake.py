@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics.errors import ForensicsError, MappingError, RecordError
+from forensics.paths import file_stem
 from forensics.replay.clock import manifest_starts, resolve
 from forensics.replay.identity import tie_runs
-from forensics.replay.mapping import Mapping, apply, load_mapping
-from forensics.replay.records import RawRecord, RecordIssue, Records, build, canonical_raw
+from forensics.replay.mapping import ForeignFile, Mapping, apply, load_mapping
+from forensics.replay.records import RawRecord, RecordIssue, Records, build, canonical_raw, detect
 
 if TYPE_CHECKING:
     from forensics.ingest import FileReport, Ingestor
@@ -37,6 +38,7 @@ class RecordFile:
     kind: str  # manifest | attempts | mapped
     folder_run: str = ""  # the run of the folder it sits in (--run, or the folder's name)
     mapping: Mapping | None = None
+    named: bool = False  # named by the user: a mapping tries it by content when no files glob names it
 
 
 @dataclass
@@ -49,6 +51,7 @@ class FileOutcome:
     bad: int = 0
     error: ForensicsError | None = None
     message: str = ""
+    skipped: bool = False  # not read, on purpose (another file of its folder is the run's manifest)
 
 
 @dataclass
@@ -74,11 +77,17 @@ def read_files(files: Sequence[RecordFile], ctx: Context) -> Intake:
     """Read ``files`` (see the module docstring)."""
     outcomes: dict[str, FileOutcome] = {}
     raws: list[RawRecord] = []
+    warnings: list[str] = []
     for f in files:
+        chosen = manifest_of_folder(f.path) if f.kind == "manifest" else None
+        if chosen is not None:
+            outcomes[str(f.path)] = FileOutcome("records:manifest", skipped=True, message=f"not the manifest: {chosen.name} is")
+            warnings.append(f"{f.path}: not read as a run manifest: {chosen.name} in the same folder is the run's "
+                            "manifest (a folder's manifest is the file named manifest.json)")
+            continue
         outcome, part = _read_one(f)
         outcomes[str(f.path)] = outcome
         raws.extend(part)
-    warnings: list[str] = []
     if ctx.tie:
         warnings += tie_runs(raws, {str(f.path): f.folder_run for f in files}, set(ctx.log_runs), ctx.forced_run)
     warnings += resolve(raws, manifest_starts(raws, ctx.known_starts))
@@ -89,6 +98,24 @@ def read_files(files: Sequence[RecordFile], ctx: Context) -> Intake:
     _reject_whole_files(raws, recs, outcomes, by_file, {str(f.path) for f in files if f.kind == "mapped"})
     warnings += recs.notes + _count(recs, outcomes, by_file) + _sampled(recs)
     return Intake(recs, outcomes, warnings)
+
+
+def manifest_of_folder(path: Path) -> Path | None:
+    """The file named like a manifest (``manifest.json``, ``run.manifest.json``, ``bench_manifest.json``) beside
+    ``path``, when ``path`` is not itself so named and that file is a run manifest by content: then it, not
+    ``path``, is the folder's manifest (a labels, truth or config file with a ``run_id`` is not)."""
+    if manifest_named(path.name):
+        return None
+    try:
+        siblings = sorted(p for p in path.parent.iterdir() if p.is_file() and manifest_named(p.name))
+    except OSError:
+        return None
+    return next((p for p in siblings if detect(p) == "manifest"), None)
+
+
+def manifest_named(name: str) -> bool:
+    stem = file_stem(name).lower()
+    return stem == "manifest" or stem.endswith((".manifest", "_manifest", "-manifest"))
 
 
 def _sampled(recs: Records) -> list[str]:
@@ -106,7 +133,11 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
         if f.kind != "mapped":
             return FileOutcome(f"records:{f.kind}"), canonical_raw(f.path, f.kind)
         assert f.mapping is not None
-        mapped = apply(f.mapping, f.path)
+        mapped = apply(f.mapping, f.path, by_content=f.named)
+    except ForeignFile as exc:
+        if f.named:  # the user asked for this file: say why it was not read
+            return FileOutcome("records:?", error=exc), []
+        return FileOutcome("other", skipped=True, message=f"not read: {exc.message}"), []
     except ForensicsError as exc:
         return FileOutcome("records:?", error=exc), []
     attempts = sum(r.kind in ("attempt", "invalid") for r in mapped.records)
@@ -121,6 +152,7 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
                        + (f" ({len(runs)} runs)" if len(runs) > 1 else ""))
     if mapped.filtered:
         out.message = f"where left out {mapped.filtered} of {mapped.filtered + attempts} records"
+    out.message = "; ".join(m for m in (out.message, *mapped.notes) if m)
     return out, mapped.records
 
 
@@ -173,7 +205,7 @@ def ingest_into(ing: Ingestor, store: Store) -> None:
     from forensics.replay import ingest_records
 
     mappings: dict[str, Mapping] = {}
-    files = [RecordFile(Path(p), kind, run, _mapping(m, mappings) if kind == "mapped" else None)
+    files = [RecordFile(Path(p), kind, run, _mapping(m, mappings) if kind == "mapped" else None, str(p) in ing.named)
              for p, kind, run, m in ing.records]
     stored = Records(runs=store.table("runs"), attempts=store.table("attempts"))
     intake = read_files(files, Context(forced_run=ing.run, log_runs=frozenset(log_runs(ing.files_meta)),
@@ -184,7 +216,7 @@ def ingest_into(ing: Ingestor, store: Store) -> None:
                    stale=sorted(stale))
     ing.result.warnings.extend(intake.warnings)
     mapped = [str(f.path) for f in files if f.kind == "mapped"]
-    if mapped and all(intake.files[p].error is not None for p in mapped):
+    if mapped and all(intake.files[p].error is not None or intake.files[p].skipped for p in mapped):
         n = len(mapped)
         ing.result.mapping_failed = f"the mapping read nothing from the {n} file{'s' if n > 1 else ''} it names"
     for f in ing.result.files:
@@ -202,6 +234,9 @@ def _mapping(source: Any, cache: dict[str, Mapping]) -> Mapping:
 
 
 def _report(ing: Ingestor, f: FileReport, outcome: FileOutcome) -> None:
+    if outcome.skipped:
+        f.status, f.kind, f.message = "skipped", outcome.kind, outcome.message
+        return
     if outcome.error is not None:
         f.status, f.kind, f.message = "error", outcome.kind, outcome.error.one_line()
         ing.result.errors.append(f.message)

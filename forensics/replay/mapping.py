@@ -21,6 +21,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from forensics.errors import MappingError
 from forensics.paths import file_stem
 from forensics.replay import mapsql
@@ -40,6 +42,7 @@ ATTEMPT_FIELDS = {
     "tokens_evaluated": "int", "tokens_predicted": "int", "stop_type": "str", "truncated": "bool",
     "prompt_n": "int", "prompt_ms": "ms", "predicted_n": "int", "predicted_ms": "ms", "output_text": "str",
     "output_chars": "int", "max_tokens": "int", "latency_ms": "ms", "ttft_ms": "ms", "itl_ms": "ms",
+    "timings": "any",  # the server's timings object as a whole ({prompt_n, prompt_ms, predicted_n, predicted_ms})
 }
 MANIFEST_FIELDS = {
     "run_id": "str", "started_at": "time", "ended_at": "time", "concurrency": "int", "model": "str",
@@ -48,7 +51,7 @@ MANIFEST_FIELDS = {
     "summary.requests": "int", "summary.ok": "int", "summary.failed": "int", "summary.input_tokens": "int",
     "summary.output_tokens": "int", "summary.duration_s": "float",
 }
-NESTED = ("ended", "summary")  # canonical objects a mapping fills field by field (ended.how, summary.ok)
+NESTED = ("ended", "summary", "timings")  # canonical objects a mapping fills field by field (summary.ok, timings.prompt_n)
 TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 TIME_UNITS = {"iso": None, "epoch_s": 1.0, "epoch_ms": 1e-3, "epoch_us": 1e-6, "epoch_ns": 1e-9}
 CLOCK_UNITS = {"mono_s": 1.0, "mono_ms": 1e-3, "mono_us": 1e-6, "mono_ns": 1e-9}  # a monotonic clock's reading
@@ -56,10 +59,12 @@ DURATION_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 SPECIALS = ("$index", "$number", "$source", "$line")
 DOC = "$doc."  # a path from the document a record is in (a run-level field of a file of nested records)
 NULL = "$null"  # as a value in the mapping (set, default, map): null
-FORMATS = ("json", "jsonl", "csv")
-LAYOUTS = ("records", "parallel_arrays")
-FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional"}
+FORMATS = ("json", "jsonl", "csv", "yaml", "text")  # text: the whole file is one record {text}
+LAYOUTS = ("records", "parallel_arrays", "keyed_rows")
+FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional", "absent"}
 _MISSING = object()
+REFUSED_HINT = ("a mapping expression reads only its record's fields: files, network, tables, extensions, secrets and "
+                "settings are off")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -75,6 +80,8 @@ class FieldSpec:
     optional: bool = False  # the data may lack it (older tool versions): no error, the value is null
     alternatives: tuple[str, ...] = ()  # path = [a, b, ...]: the first one the data file has (tool versions)
     sql: str | None = None  # a DuckDB SQL expression over the record's fields
+    absent: str | None = None  # optional, and what ingest says once when a data file has none of its inputs
+    sql_alternatives: tuple[str, ...] = ()  # sql = [a, b, ...]: the first whose fields the data file has
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class Section:
     files: tuple[str, ...] = ()  # globs on the data file's name: the section reads matching files only
     where: str | None = None  # keep only the records for which this SQL expression is true
     anchors: tuple[FieldSpec | str, ...] = ()  # wall-clock anchors of relative times (a field, or "manifest")
+    key: str | None = None  # keyed_rows: the column whose value names each row (default: each table's first)
 
     def applies_to(self, data: Path) -> bool:
         return not self.files or any(fnmatch.fnmatch(data.name, g) for g in self.files)
@@ -97,13 +105,14 @@ class Mapping:
     source: str  # the mapping file
     name: str
     format: str | None
-    manifest: Section | None
-    attempts: Section | None
+    manifest: Section | None  # the first [manifest] table
+    attempts: Section | None  # the first [attempts] table
     extra: dict[str, Any] = field(default_factory=dict)
+    tables: tuple[tuple[str, str, Section], ...] = ()  # (label, kind, section) of every table, in file order
 
     @property
     def sections(self) -> tuple[Section, ...]:
-        return tuple(s for s in (self.manifest, self.attempts) if s is not None)
+        return tuple(s for _, _, s in self.tables)
 
     @property
     def has_globs(self) -> bool:
@@ -127,6 +136,8 @@ class Mapping:
             return "jsonl"
         if name.endswith(".csv"):
             return "csv"
+        if name.endswith((".yaml", ".yml")):
+            return "yaml"
         return "json"
 
 
@@ -156,12 +167,31 @@ def load_mapping(path: Path | str) -> Mapping:
     if unknown:
         raise MappingError(f"unknown section(s) {', '.join(sorted(unknown))}", path=src,
                            hint="sections are [mapping], [manifest] and [attempts]")
-    manifest = _section(data.get("manifest"), "manifest", MANIFEST_FIELDS, src)
-    attempts = _section(data.get("attempts"), "attempts", ATTEMPT_FIELDS, src)
-    if manifest is None and attempts is None:
+    tables = [*_tables(data.get("manifest"), "manifest", MANIFEST_FIELDS, src),
+              *_tables(data.get("attempts"), "attempts", ATTEMPT_FIELDS, src)]
+    if not tables:
         raise MappingError("the mapping has neither [manifest] nor [attempts]", path=src,
                            hint="see docs/replay.md, section Mapping files, for the format")
-    return Mapping(src, str(meta.get("name") or p.stem), fmt, manifest, attempts, meta)
+    first = {kind: next((s for _, k, s in tables if k == kind), None) for kind in ("manifest", "attempts")}
+    return Mapping(src, str(meta.get("name") or p.stem), fmt, first["manifest"], first["attempts"], meta,
+                   tuple(tables))
+
+
+def _tables(raw: Any, kind: str, allowed: dict[str, str], src: str) -> list[tuple[str, str, Section]]:
+    """``[kind]`` (one table) or ``[[kind]]`` (several, each reading its own files), labelled for messages."""
+    if raw is None:
+        return []
+    many = raw if isinstance(raw, list) else [raw]
+    out = []
+    for i, one in enumerate(many, start=1):
+        label = kind if len(many) == 1 else f"{kind} {i}"
+        sec = _section(one, label, allowed, src)
+        if sec is not None and kind == "attempts" and sec.layout == "keyed_rows":
+            raise MappingError(f"[{label}] layout = \"keyed_rows\" reads one object of run facts: use it in [manifest]",
+                               path=src)
+        if sec is not None:
+            out.append((label, kind, sec))
+    return out
 
 
 def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section | None:
@@ -169,10 +199,10 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         return None
     if not isinstance(raw, dict):
         raise MappingError(f"[{name}] must be a table", path=src)
-    bad = set(raw) - {"path", "layout", "fields", "set", "files", "where", "anchor"}
+    bad = set(raw) - {"path", "layout", "fields", "set", "files", "where", "anchor", "key"}
     if bad:
         raise MappingError(f"[{name}] unknown key(s) {', '.join(sorted(bad))}", path=src,
-                           hint="keys: path, layout, files, where, anchor, fields, set")
+                           hint="keys: path, layout, key, files, where, anchor, fields, set")
     paths = raw.get("path", "")
     paths_t = (paths,) if isinstance(paths, str) else tuple(paths)
     layout = raw.get("layout", "records")
@@ -189,8 +219,11 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         if not isinstance(where, str):
             raise MappingError(f"[{name}] where must be a SQL expression string", path=src)
         _check_sql(where, f"[{name}] where", src)
+    key = raw.get("key")
+    if key is not None and (layout != "keyed_rows" or not isinstance(key, str)):
+        raise MappingError(f"[{name}] key names a column, and only with layout = \"keyed_rows\"", path=src)
     return Section(paths_t, layout, tuple(specs), _globs(raw.get("files"), name, src), where,
-                   _anchors(raw.get("anchor"), name, src))
+                   _anchors(raw.get("anchor"), name, src), key)
 
 
 def _globs(files: Any, name: str, src: str) -> tuple[str, ...]:
@@ -224,6 +257,8 @@ def _anchors(raw: Any, name: str, src: str) -> tuple[FieldSpec | str, ...]:
 
 
 def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: str) -> FieldSpec:
+    if key.startswith("timings.") and key.removeprefix("timings.") in TIMINGS and "timings" in allowed:
+        key = key.removeprefix("timings.")  # timings.prompt_n is the attempt's prompt_n (docs: the timings object)
     if key not in allowed:
         raise MappingError(f"[{name}.fields] {key} is not a canonical {name} field", path=src,
                            hint=f"fields: {', '.join(allowed)}")
@@ -240,13 +275,21 @@ def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: st
     unit = spec.get("unit")
     if unit is not None:
         _check_unit(key, allowed[key], unit, name, src)
-    if "sql" in spec:
-        _check_sql(spec["sql"], f"[{name}.fields] {key}", src)
+    sqls: tuple[str, ...] = ()
+    if "sql" in spec:  # a list: the first expression whose fields the data file has (tool versions)
+        sqls = tuple(spec["sql"]) if isinstance(spec["sql"], list) and spec["sql"] else (spec["sql"],)
+        for expr in sqls:
+            _check_sql(expr, f"[{name}.fields] {key}", src)
     path = spec.get("path")
     alts = tuple(path) if isinstance(path, list) else ()
     value_map = {k: _null(v) for k, v in spec["map"].items()} if isinstance(spec.get("map"), dict) else None
+    absent = spec.get("absent")
+    if absent is not None and not (isinstance(absent, str) and absent.strip()):
+        raise MappingError(f"[{name}.fields] {key}: absent must be the sentence to say when a file lacks the field",
+                           path=src)
     return FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), value_map, _null(spec.get("default")),
-                     optional=bool(spec.get("optional", False)), alternatives=alts, sql=spec.get("sql"))
+                     optional=bool(spec.get("optional", False)) or absent is not None, alternatives=alts,
+                     sql=sqls[0] if sqls else None, absent=absent, sql_alternatives=sqls if len(sqls) > 1 else ())
 
 
 def _check_unit(key: str, kind: str, unit: str, name: str, src: str) -> None:
@@ -262,6 +305,9 @@ def _check_sql(expr: Any, where: str, src: str) -> None:
         raise MappingError(f"{where}: sql must be a non-empty SQL expression", path=src)
     try:
         mapsql.field_refs(expr)
+    except mapsql.Refused as exc:
+        raise MappingError(f"{where}: refused: {exc}", path=src,
+                           hint=REFUSED_HINT) from None
     except mapsql.ExpressionError as exc:
         raise MappingError(f"{where}: not a SQL expression: {exc}", path=src,
                            hint="DuckDB SQL over the record's fields, e.g. \"CASE WHEN code >= 400 THEN 'failed' "
@@ -361,6 +407,7 @@ class DataFile:
     fmt: str
     docs: list[Any]
     lines: list[int] | None = None
+    text: str = ""  # the file's text (a keyed_rows section reads a CSV's blank-line separated tables from it)
 
     @property
     def line_records(self) -> bool:
@@ -374,6 +421,10 @@ def read_data(mapping: Mapping, data: Path) -> DataFile:
     text = read_text(data)
     if fmt == "json":
         return DataFile(data, fmt, _json_documents(text, data, mapping))
+    if fmt == "yaml":
+        return DataFile(data, fmt, _yaml_documents(text, data, mapping), text=text)
+    if fmt == "text":  # a tool's printed report: expressions read it with regexp_extract(text, ...)
+        return DataFile(data, fmt, [{"text": text}], text=text)
     if fmt == "jsonl":
         recs: list[Any] = []
         lines: list[int] = []
@@ -391,7 +442,38 @@ def read_data(mapping: Mapping, data: Path) -> DataFile:
     for row in reader:
         rows.append(dict(row))
         at.append(reader.line_num)
-    return DataFile(data, fmt, [rows], at)
+    return DataFile(data, fmt, [rows], at, text)
+
+
+def keyed_rows(text: str, key: str | None) -> dict[str, Any]:
+    """A CSV of tables separated by blank lines (AIPerf's export: statistics per metric, then run totals) as one
+    object: each row under the value of its ``key`` column (default: its table's first column), holding the
+    row's other cells by its own table's header."""
+    out: dict[str, Any] = {}
+    for block in regex.split(r"\r?\n[ \t\r]*\n", text.strip("\ufeff\r\n")):
+        rows = [r for r in csv.reader(io.StringIO(block.strip("\r\n"))) if any(c.strip() for c in r)]
+        if len(rows) < 2:
+            continue
+        header = rows[0]
+        col = header.index(key) if key in header else 0
+        for row in rows[1:]:
+            if len(row) > col and row[col].strip():
+                out.setdefault(row[col].strip(), {h: _cell(v) for i, (h, v) in enumerate(zip(header, row, strict=False))
+                                                   if i != col})
+    return out
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell as a number when it reads as one, null when empty, else the text."""
+    value = text.strip()
+    if value == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return text
 
 
 def _json_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
@@ -414,6 +496,23 @@ def _json_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
     return docs
 
 
+def _yaml_documents(text: str, data: Path, mapping: Mapping) -> list[Any]:
+    """The documents of a YAML file (safe_load: data only, no tags that build objects)."""
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise MappingError(f"{data}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})",
+                           path=mapping.source, hint="is this file one the mapping reads? (its files globs, its format)"
+                           ) from None
+    if not docs:
+        raise MappingError(f"{data}: empty file", path=mapping.source, hint="nothing to read")
+    return docs
+
+
 @dataclass
 class _Invalid:
     message: str
@@ -421,6 +520,9 @@ class _Invalid:
 
 # ---------------------------------------------------------------------------------------------- rows
 def _manifest_rows(sec: Section, df: DataFile) -> list[_Row]:
+    if sec.layout == "keyed_rows":
+        obj = keyed_rows(df.text, sec.key)
+        return [_Row(obj, 0, "", None, 0, obj)] if obj else []
     if df.line_records and sec.paths == ("",):
         recs = df.docs[0]
         ok = [i for i, r in enumerate(recs) if not isinstance(r, _Invalid)][:1]
@@ -499,8 +601,9 @@ def _keys(obj: Any) -> list[str]:
 
 
 def _resolve(section: Section, rows: list[_Row]) -> Section:
-    """Pick, for each field with alternative paths, the first alternative that this data file has."""
-    if not any(spec.alternatives for spec in section.fields):
+    """Pick, for each field with alternative paths (or expressions), the first alternative this data file has
+    (an expression: the first whose fields are there)."""
+    if not any(spec.alternatives or spec.sql_alternatives for spec in section.fields):
         return section
     specs = []
     for spec in section.fields:
@@ -508,8 +611,17 @@ def _resolve(section: Section, rows: list[_Row]) -> Section:
             found = next((a for a in spec.alternatives
                           if any(_lookup_row(r, a) is not _MISSING for r in rows[:200])), spec.alternatives[0])
             spec = dataclasses.replace(spec, path=found)
+        elif spec.sql_alternatives:
+            expr = next((e for e in spec.sql_alternatives if _has_refs(e, rows[:200])), spec.sql_alternatives[0])
+            spec = dataclasses.replace(spec, sql=expr)
         specs.append(spec)
     return dataclasses.replace(section, fields=tuple(specs))
+
+
+def _has_refs(expr: str, rows: list[_Row]) -> bool:
+    """Every field the expression names is in some record (special columns always are)."""
+    refs = [r for r in mapsql.field_refs(expr) if r[0] not in mapsql.SPECIAL_COLUMNS]
+    return all(any(_lookup_row(row, ".".join(r)) is not _MISSING for row in rows) for r in refs)
 
 
 def _check_fields(section: Section, rows: list[_Row], mapping: Mapping, sec: str, data: Path) -> None:
@@ -542,6 +654,9 @@ def _expressions(section: Section, rows: list[_Row], df: DataFile, mapping: Mapp
     try:
         res = mapsql.evaluate(exprs, section.where, [r.obj for r in rows], _csv_top if df.fmt == "csv" else _top,
                               specials)
+    except mapsql.Refused as exc:
+        raise MappingError(f"[{sec}] refused: {exc} (reading {data})", path=mapping.source,
+                           hint=REFUSED_HINT) from None
     except mapsql.ExpressionError as exc:
         raise MappingError(f"[{sec}] {exc} (reading {data})", path=mapping.source,
                            hint="fix the expression; DuckDB SQL over the record's fields") from None
@@ -557,17 +672,7 @@ def _top(obj: Any, key: str) -> Any:
 def _csv_top(obj: Any, key: str) -> Any:
     """A CSV cell as expressions see it: a number when it reads as one, null when empty."""
     value = _top(obj, key)
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text == "":
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return value
+    return _cell(value) if isinstance(value, str) else value
 
 
 def _check_refs(section: Section, absent: set[mapsql.Path_], mapping: Mapping, sec: str, data: Path,
@@ -683,8 +788,10 @@ def _build(section: Section, kinds: dict[str, str], row: _Row, data: Path,
         if spec.path is None and spec.sql is None and obj.get(spec.canonical) is not None:
             continue  # set = defaults: a mapped value wins
         obj[spec.canonical] = value
-    timings = {k: obj.pop(k) for k in TIMINGS if k in obj}
-    if any(v is not None for v in timings.values()):
+    whole = obj.pop("timings", None)
+    timings = {**(whole if isinstance(whole, dict) else {}), **{k: v for k in TIMINGS if (v := obj.pop(k, None)) is not None}}
+    timings = {k: timings[k] for k in TIMINGS if timings.get(k) is not None}
+    if timings:
         obj["timings"] = timings
     for nested in NESTED:
         sub = {k.split(".", 1)[1]: obj.pop(k) for k in list(obj) if k.startswith(f"{nested}.")}
@@ -703,38 +810,135 @@ class Mapped:
     filtered: int = 0
     per_request: bool = False
     reads_attempts: bool = False  # the attempts section applies to this file (by its files globs)
+    notes: list[str] = field(default_factory=list)  # the ``absent`` sentences of fields this file lacks
 
 
-def apply(mapping: Mapping, data: Path | str) -> Mapped:
+class ForeignFile(MappingError):
+    """A data file that has none of the fields a mapping reads: another tool's file, not a broken one of this tool."""
+
+
+def apply(mapping: Mapping, data: Path | str, *, by_content: bool = False) -> Mapped:
     """Raw (canonical-shaped, not yet validated) records of ``data`` read through ``mapping``.
 
+    The sections whose ``files`` globs name the file read it.  With ``by_content`` (a file the user named
+    with this mapping: a renamed file), a file no glob names is tried against each section in turn, and the
+    sections that fit it read it.
+
     Raises MappingError when the mapping does not fit the file: a field it names that no record has, an
-    expression DuckDB rejects, or neither section finding anything there."""
+    expression DuckDB rejects, or neither section finding anything there (by content: which sections were
+    tried and why each failed); ForeignFile (a MappingError) when the file has none of the fields the mapping
+    reads at all."""
     data = Path(data)
     df = read_data(mapping, data)
+    named = [name for name, sec in _named_sections(mapping) if sec.applies_to(data)]
+    if named or not by_content:
+        return _guarded(mapping, data, df, tuple(named))
+    failures: list[str] = []
+    fits: list[str] = []
+    for name, sec in _named_sections(mapping):
+        try:
+            tried = _guarded(mapping, data, df, (name,))
+        except MappingError as exc:
+            failures.append(f"[{name}]{_globs_said(sec)}: {_reason(exc)}")
+            continue
+        if tried.records:
+            fits.append(name)
+        else:
+            failures.append(f"[{name}]{_globs_said(sec)}: nothing there")
+    if fits:
+        return _guarded(mapping, data, df, tuple(fits))
+    raise MappingError(f"{data.name}: no table of mapping {mapping.name} fits it by content: {'; '.join(failures)}",
+                       path=mapping.source, hint="is this a file of that tool? (a mapping of your own reads any layout)")
+
+
+def _named_sections(mapping: Mapping) -> list[tuple[str, Section]]:
+    return [(label, s) for label, _, s in mapping.tables]
+
+
+def _globs_said(sec: Section) -> str:
+    return f" (files {', '.join(sec.files)})" if sec.files else ""
+
+
+def _reason(exc: MappingError) -> str:
+    return exc.message.split("] ", 1)[-1] if exc.message.startswith("[") else exc.message
+
+
+def _guarded(mapping: Mapping, data: Path, df: DataFile, sections: tuple[str, ...]) -> Mapped:
+    try:
+        return _apply(mapping, data, df, sections)
+    except ForeignFile:
+        raise
+    except MappingError as exc:
+        used = [s for n, s in _named_sections(mapping) if n in sections]
+        if not any(_top_keys(df, s) & _top_fields(s) for s in used):
+            have = set().union(*(_top_keys(df, s) for s in used)) if used else set()
+            raise ForeignFile(f"{data.name} has none of the fields mapping {mapping.name} reads (it has: "
+                              f"{', '.join(sorted(have)[:12]) or 'none'})", path=mapping.source) from exc
+        raise
+
+
+def _top_keys(df: DataFile, sec: Section) -> set[str]:
+    """The top-level keys of the file's documents and of its first records (as the section reads the file)."""
+    if sec.layout == "keyed_rows":
+        return set(keyed_rows(df.text, sec.key))
+    keys: set[str] = set()
+    for doc in df.docs[:50]:
+        for obj in (doc if isinstance(doc, list) else [doc])[:50]:
+            if isinstance(obj, dict):
+                keys |= set(obj)
+    return keys
+
+
+def _top_fields(sec: Section) -> set[str]:
+    """The first segments of the paths and expression fields a section reads (what a file of its tool has)."""
+    names = {p.split(".")[0] for p in sec.paths if p and not p.startswith("*")}
+    for spec in sec.fields:
+        for p in spec.alternatives or ((spec.path,) if spec.path else ()):
+            if not p.startswith("$"):
+                names.add(p.split(".")[0])
+            elif p.startswith(DOC):
+                names.add(p[len(DOC):].split(".")[0])
+        if spec.sql:
+            names |= {r[0] for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS}
+    return names
+
+
+def _apply(mapping: Mapping, data: Path, df: DataFile, sections: tuple[str, ...]) -> Mapped:
     out = Mapped([])
     base = data.resolve().parent
     manifests = 0
-    if mapping.manifest is not None and mapping.manifest.applies_to(data):
-        for raw in _apply_manifest(mapping, mapping.manifest, df, base):
+    for label, kind, sec in mapping.tables:
+        if label not in sections or kind != "manifest":
+            continue
+        for raw in _apply_manifest(mapping, sec, df, base, out):
+            raw.templated_run = _templated_run(sec)
             out.records.append(raw)
             manifests += 1
-    if mapping.attempts is not None and mapping.attempts.applies_to(data):
+    for label, kind, sec in mapping.tables:
+        if label not in sections or kind != "attempts":
+            continue
         out.reads_attempts = True
-        found = _apply_attempts(mapping, mapping.attempts, df, base, out)
+        before = len(out.records)
+        found = _apply_attempts(mapping, sec, df, base, out)
+        for raw in out.records[before:]:
+            raw.templated_run = _templated_run(sec)
         if not found and not manifests:
-            raise MappingError(f"[attempts] path {' or '.join(repr(p) for p in mapping.attempts.paths)}: nothing "
-                               f"there in {data}", path=mapping.source,
-                               hint="is this file one the mapping reads? (its files globs)")
-    _suffix_runs(mapping, out.records)
+            raise MappingError(f"[{label}] path {' or '.join(repr(p) for p in sec.paths)}: nothing there in {data}",
+                               path=mapping.source, hint="is this file one the mapping reads? (its files globs)")
+    filtered_all = [s for label, kind, s in mapping.tables if label in sections and kind == "manifest" and s.where]
+    if not out.records and not out.reads_attempts and filtered_all:
+        raise ForeignFile(f"{data.name} is not a {mapping.name} file: its manifest's where leaves nothing of it",
+                          path=mapping.source)
+    _suffix_runs(out.records)
     return out
 
 
-def _apply_manifest(mapping: Mapping, sec: Section, df: DataFile, base: Path) -> list[RawRecord]:
+def _apply_manifest(mapping: Mapping, sec: Section, df: DataFile, base: Path, out: Mapped) -> list[RawRecord]:
     rows = _manifest_rows(sec, df)
     sec = _resolve(sec, rows)
     _check_fields(sec, rows, mapping, "manifest", df.path)
     ev = _expressions(sec, rows, df, mapping, "manifest")
+    out.notes.extend(_absent_notes(sec, rows, ev))
     return [RawRecord("manifest", _build(sec, MANIFEST_FIELDS, row, df.path, ev.values if ev else None),
                       str(df.path), row.line, None, base, row.group)
             for row in rows if ev is None or ev.keep[row.index]]
@@ -755,6 +959,7 @@ def _apply_attempts(mapping: Mapping, sec: Section, df: DataFile, base: Path, ou
     for i, r in enumerate(valid):
         r.index = i
     ev = _expressions(sec, valid, df, mapping, "attempts")
+    out.notes.extend(_absent_notes(sec, valid, ev))
     anchors = _anchor_values(sec, valid, df.path, ev)
     hint = ", ".join(a if isinstance(a, str) else (a.path or a.sql or "") for a in sec.anchors)
     for row in rows:
@@ -770,6 +975,24 @@ def _apply_attempts(mapping: Mapping, sec: Section, df: DataFile, base: Path, ou
                                      anchors.get(row.group, ()), hint))
     out.per_request = out.per_request or found
     return found
+
+
+def _absent_notes(sec: Section, rows: list[_Row], ev: mapsql.Evaluated | None) -> list[str]:
+    """The ``absent`` sentences of the fields none of whose inputs any record of the file has."""
+    if not rows:
+        return []
+    notes = []
+    for spec in sec.fields:
+        if spec.absent is None:
+            continue
+        if spec.sql is not None:
+            refs = [r for r in mapsql.field_refs(spec.sql) if r[0] not in mapsql.SPECIAL_COLUMNS]
+            lacking = ev is not None and bool(refs) and all(r in ev.absent for r in refs)
+        else:
+            lacking = spec.path is not None and all(_lookup_row(r, spec.path) is _MISSING for r in rows)
+        if lacking:
+            notes.append(spec.absent)
+    return list(dict.fromkeys(notes))
 
 
 def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evaluated | None
@@ -799,7 +1022,7 @@ def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evalua
     return {g: tuple(v) for g, v in out.items()}
 
 
-def _suffix_runs(mapping: Mapping, raws: list[RawRecord]) -> None:
+def _suffix_runs(raws: list[RawRecord]) -> None:
     """A file holding several runs (documents, or a ``*`` of the path) gives each a run id of its own: a
     templated ``run_id`` gets ``#1``, ``#2``, ... in the file's order."""
     groups = sorted({r.group for r in raws if r.kind in ("manifest", "attempt")})
@@ -807,8 +1030,7 @@ def _suffix_runs(mapping: Mapping, raws: list[RawRecord]) -> None:
         return
     number = {g: i + 1 for i, g in enumerate(groups)}
     for r in raws:
-        sec = mapping.manifest if r.kind == "manifest" else mapping.attempts if r.kind == "attempt" else None
-        if sec is not None and _templated_run(sec) and isinstance(r.obj, dict) and r.obj.get("run_id"):
+        if r.kind in ("manifest", "attempt") and r.templated_run and isinstance(r.obj, dict) and r.obj.get("run_id"):
             r.obj = {**r.obj, "run_id": f"{r.obj['run_id']}#{number[r.group]}"}
 
 

@@ -9,6 +9,14 @@ A field an expression names that no record has reads as null (one file of a tool
 another release omits the key); the caller decides whether that is an error (an expression none of whose
 fields exist reads nothing from this file).  ``"$index"``, ``"$number"``, ``"$source"``, ``"$line"`` (the
 record) and ``"$stem"``, ``"$name"``, ``"$parent"`` (the data file) are columns too.
+
+Mappings are shared, so an expression is untrusted code: it may read its record's fields and nothing else.
+Two walls keep it there.  When the mapping loads, an expression that names a table, a table function other
+than the few that read a value of the record (``unnest``, ``json_each``, ...) or a function that reports on
+the host (``getenv``, ``current_setting``) is refused, naming what it reached for.  And every expression runs
+on a connection (``sandbox``) with external access off, no temp directory (DuckDB always lets a connection read
+its own), no extension loading, no Python variables as tables and the configuration locked, under a memory and
+a time limit: what the first wall misses the second refuses (``Permission Error``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,18 +35,49 @@ import polars as pl
 
 SPECIAL_COLUMNS = ("$index", "$number", "$source", "$line", "$stem", "$name", "$parent")
 Path_ = tuple[str, ...]
+# Table functions that read a value of the record (a list, a JSON text) or count: the only ones an expression
+# may name.  Every other table function reads files, the catalog, settings or secrets.
+RECORD_TABLE_FUNCTIONS = frozenset({"unnest", "generate_series", "range", "json_each", "json_tree"})
+# Scalar functions that tell about the host or stall the ingest.
+HOST_FUNCTIONS = frozenset({"getenv", "current_setting", "pg_sleep", "sleep_ms"})
+SANDBOX_CONFIG: dict[str, str | bool] = {
+    "enable_external_access": False,  # no file, URL, database, extension directory or secret store
+    "temp_directory": "",  # DuckDB always allows its temp directory (./.tmp) even with external access off
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "python_enable_replacements": False,  # a Python variable of the caller is not a table
+    "allow_persistent_secrets": False,  # no secret store on disk to list or read
+    "memory_limit": "2GB",
+}
+TIME_LIMIT_S = 300.0  # one section's expressions over one file; real files take well under a second
 
 
 class ExpressionError(ValueError):
-    """An expression DuckDB cannot parse, or one that is not a single expression."""
+    """An expression DuckDB cannot parse, one that is not a single expression, or one that reaches outside
+    its record."""
+
+
+class Refused(ExpressionError):
+    """An expression that reaches outside its record (a file, a table, the host's settings)."""
+
+
+def sandbox() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that can reach nothing outside what is registered on it (see the module
+    docstring); its configuration is locked, so no expression can turn that off."""
+    con = duckdb.connect(config=dict(SANDBOX_CONFIG))
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET lock_configuration = true")
+    return con
 
 
 @functools.cache
 def field_refs(expr: str) -> tuple[Path_, ...]:
     """The field paths ``expr`` reads (``error.code`` -> ("error", "code")), lambda parameters left out.
 
-    Raises ExpressionError with DuckDB's message when ``expr`` is not one valid SQL expression."""
-    con = duckdb.connect()
+    Raises ExpressionError with DuckDB's message when ``expr`` is not one valid SQL expression, and
+    Refused when it names a table, a file-reading table function or a host function."""
+    con = sandbox()
     try:
         text = con.execute("SELECT json_serialize_sql($q)", {"q": f"SELECT {expr}"}).fetchone()
     finally:
@@ -50,9 +90,30 @@ def field_refs(expr: str) -> tuple[Path_, ...]:
     if len(node.get("select_list", [])) != 1 or node.get("from_table", {}).get("type") != "EMPTY" \
             or node.get("where_clause") is not None:
         raise ExpressionError("write one SQL expression (no commas at the top level, no FROM or WHERE)")
+    reach = _outside_reach(node["select_list"][0])
+    if reach:
+        raise Refused(f"{reach} reaches outside the record")
     refs: list[Path_] = []
     _walk(node["select_list"][0], frozenset(), refs)
     return tuple(dict.fromkeys(refs))
+
+
+def _outside_reach(node: Any) -> str:
+    """What in the expression's tree reads beyond the record ("read_text(...)", "table t"), or ""."""
+    if isinstance(node, list):
+        return next((r for r in map(_outside_reach, node) if r), "")
+    if not isinstance(node, dict):
+        return ""
+    kind = node.get("type")
+    if kind == "BASE_TABLE":
+        return f"table {node.get('table_name')!r}"
+    if kind == "TABLE_FUNCTION":
+        name = str((node.get("function") or {}).get("function_name", "")).lower()
+        if name not in RECORD_TABLE_FUNCTIONS:
+            return f"{name}(...)"
+    if node.get("class") == "FUNCTION" and str(node.get("function_name", "")).lower() in HOST_FUNCTIONS:
+        return f"{node['function_name']}(...)"
+    return next((r for r in map(_outside_reach, node.values()) if r), "")
 
 
 def _walk(node: Any, bound: frozenset[str], refs: list[Path_]) -> None:
@@ -102,9 +163,8 @@ def evaluate(exprs: dict[str, str], where: str | None, objs: Sequence[Any],
     texts = [_json_row(obj, top, lookup) for obj in objs]
     frame = pl.DataFrame({"j": texts, **{k: v for k, v in specials.items()}},
                          schema_overrides={"j": pl.String})
-    con = duckdb.connect()
+    con = sandbox()
     try:
-        con.execute("SET TimeZone = 'UTC'")
         con.register("records", frame)
         structure = _structure(con) if top else {}
         absent = {r for r in refs if not _has(structure, r)}
@@ -112,12 +172,12 @@ def evaluate(exprs: dict[str, str], where: str | None, objs: Sequence[Any],
             _add(structure, r)
         unpacked = f"unnest(json_transform(j, '{_sql_text(json.dumps(structure))}'))," if structure else ""
         specials_sql = ", ".join(f'"{k}"' for k in specials) or "1 AS \"$none\""
-        selects = ", ".join(f"({e}) AS \"{_sql_ident(n)}\"" for n, e in every.items())
+        selects = ", ".join(f"(\n{e}\n) AS \"{_sql_ident(n)}\"" for n, e in every.items())
         sql = f"SELECT {selects} FROM (SELECT {unpacked} {specials_sql} FROM records)"
         try:
-            rows = con.execute(sql).fetchall()
+            rows = _timed(con, sql)
         except duckdb.Error as exc:
-            raise ExpressionError(_which(con, every, unpacked, specials_sql, exc)) from None
+            raise _failure(_which(con, every, unpacked, specials_sql, exc), exc) from None
     finally:
         con.close()
     names = list(every)
@@ -126,12 +186,30 @@ def evaluate(exprs: dict[str, str], where: str | None, objs: Sequence[Any],
     return Evaluated(cols, keep, absent)
 
 
+def _timed(con: duckdb.DuckDBPyConnection, sql: str) -> list[Any]:
+    """The query's rows; interrupted after TIME_LIMIT_S (an expression that never ends is a bad mapping)."""
+    timer = threading.Timer(TIME_LIMIT_S, con.interrupt)
+    timer.start()
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        timer.cancel()
+
+
+def _failure(message: str, exc: duckdb.Error) -> ExpressionError:
+    if isinstance(exc, duckdb.PermissionException):
+        return Refused(message)
+    if isinstance(exc, duckdb.InterruptException):
+        return ExpressionError(f"stopped after {TIME_LIMIT_S:g} s: the expressions did not finish")
+    return ExpressionError(message)
+
+
 def _which(con: duckdb.DuckDBPyConnection, every: dict[str, str], unpacked: str, specials_sql: str,
            exc: duckdb.Error) -> str:
     """Name the expression that failed, with DuckDB's first line."""
     for name, expr in every.items():
         try:
-            con.execute(f"SELECT ({expr}) FROM (SELECT {unpacked} {specials_sql} FROM records) LIMIT 0")
+            con.execute(f"SELECT (\n{expr}\n) FROM (SELECT {unpacked} {specials_sql} FROM records) LIMIT 0")
         except duckdb.Error as one:
             return f"{name}: {str(one).splitlines()[0]}"
     return str(exc).splitlines()[0]

@@ -13,14 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fastjsonschema
-import jsonschema
 import polars as pl
 
 from forensics import schema
 from forensics.errors import RecordError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 MANIFEST_KEYS = ("items", "stages", "servers", "concurrency", "stage_items", "summary")
@@ -125,6 +126,8 @@ def _schema(kind: str) -> dict[str, Any]:
 def validator(kind: str) -> jsonschema.protocols.Validator:
     """The JSON Schema validator for ``manifest`` or ``attempt`` records."""
     data = _schema(kind)
+    import jsonschema  # loaded when records are validated, not when a run folder is only looked at
+
     cls = jsonschema.validators.validator_for(data)
     return cls(data)
 
@@ -133,6 +136,8 @@ def validator(kind: str) -> jsonschema.protocols.Validator:
 def _fast_check(kind: str) -> Any:
     """A compiled validator (fastjsonschema): most records are valid, and this tells so ~50x faster; the
     jsonschema validator then explains only the records that fail."""
+    import fastjsonschema
+
     return fastjsonschema.compile(_schema(kind))
 
 
@@ -159,6 +164,8 @@ def _error_message(err: jsonschema.ValidationError) -> str:
 
 def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
     """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+    import fastjsonschema
+
     try:
         _fast_check(kind)(obj)
         return []
@@ -231,6 +238,17 @@ def manifest_row(obj: dict[str, Any], source: str, base_dir: Path | None) -> dic
 MERGE_SKIP = ("run", "source", "alias")  # never a disagreement between two manifests of a run
 
 
+def _decimals(x: float) -> int:
+    text = repr(x)
+    return len(text.split(".", 1)[1]) if "." in text and "e" not in text else 0
+
+
+def _rounded_alike(a: float, b: float) -> bool:
+    """``a`` and ``b`` are one number written to two precisions: the finer rounds to the coarser."""
+    coarse, fine = sorted((a, b), key=_decimals)
+    return round(fine, _decimals(coarse)) == coarse
+
+
 def _unsaid(value: Any) -> bool:
     """A manifest field with nothing in it (what another manifest of the run may fill in)."""
     return value is None or value in ("[]", "{}", "unknown")
@@ -248,7 +266,7 @@ def _stage_items(obj: dict[str, Any]) -> str | None:
 
 ATTEMPT_SCALARS = ("server", "http_status", "error", "outcome", "id_slot", "tokens_evaluated", "tokens_predicted",
                    "stop_type", "truncated", "output_text", "output_chars", "max_tokens", "latency_ms", "ttft_ms",
-                   "itl_ms")
+                   "itl_ms", "started_rel_s", "ended_rel_s")
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 
 
@@ -295,6 +313,7 @@ class RawRecord:
     anchors: tuple[Any, ...] = ()  # wall-clock anchors of its relative times: epoch seconds, or "manifest"
     anchor_hint: str = ""  # what the mapping named as the anchor (for the note when none is found)
     alias: str | None = None  # the run id it carried, when it was tied to another run (forensics.replay.identity)
+    templated_run: bool = False  # its run_id came from a template ({stem}): several runs in a file get #1, #2
 
 
 def build(raw: Iterable[RawRecord], *, run: str | None = None) -> Records:
@@ -361,7 +380,12 @@ class _Builder:
             return
         kept = next(x for x in self.runs_rows if x["run"] == row["run"])
         said = [k for k, v in row.items() if k not in ("run", "source") and not _unsaid(v)]
-        clash = sorted(k for k in said if k not in MERGE_SKIP and not _unsaid(kept.get(k)) and kept[k] != row[k])
+        for k in said:  # the same number at two precisions (a CSV's 471.83, a JSON's 471.827992497): the finer
+            if isinstance(kept.get(k), float) and isinstance(row[k], float) and _rounded_alike(kept[k], row[k]):
+                kept[k] = max(kept[k], row[k], key=_decimals)
+        clash = sorted(k for k in said if k not in MERGE_SKIP and not _unsaid(kept.get(k)) and kept[k] != row[k]
+                       and not (isinstance(kept[k], float) and isinstance(row[k], float)
+                                and _rounded_alike(kept[k], row[k])))
         for k in said:
             if _unsaid(kept.get(k)):
                 kept[k] = row[k]

@@ -38,14 +38,16 @@ def _connect(store: Any) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def runs_table(store: Any) -> pl.DataFrame:
-    """One row per replay run: run, alias, np, items_expected, items_done, items_missing, attempts, requests,
-    wall_s, ended, from (records, or summary for a run read from a benchmark's summary alone)."""
+def runs_table(store: Any, runs: list[str] | None = None) -> pl.DataFrame:
+    """One row per replay run (those of ``runs`` when given): run, alias, np, items_expected, items_done,
+    items_missing, attempts, requests, wall_s, ended, from (records, or summary for a run read from a
+    benchmark's summary alone)."""
     con = _connect(store)
     try:
-        return fetch_pl(con, load_query("replay_runs").text)
+        df = fetch_pl(con, load_query("replay_runs").text)
     finally:
         con.close()
+    return df if runs is None else df.filter(pl.col("run").is_in(runs))
 
 
 def missing(store: Any, run: str) -> pl.DataFrame:

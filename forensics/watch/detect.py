@@ -1,11 +1,12 @@
 """Which findings are there now, and which of them concern a request still running.
 
-Nothing here defines a finding: runaways and dead slots are exactly ``findings.find_runaways`` and
-``findings.dead_slot_report``, crashes are the instances the store marks crashed.  Early warning applies those
-same rules to the requests still running, as they stand *now*: ``LiveStore`` is the store with each running
-request's tokens set to what it has generated so far (its progress lines, ``/slots``' n_decoded, or its time on
-the slot at its run's normal speed, whichever is most) and its duration set to its time on the slot.  A finding
-about such a request is *suspected*; once the request has ended (or its server is gone) it is *confirmed*.
+Nothing here defines a finding: watch raises every finding of the registry marked ``watch`` (dead slots,
+runaways, crashes while serving, ...), computed by the same session as the CLI's.  Early warning applies those
+same rules to the requests still running, as they stand *now*: the session is opened with ``live``, each
+running request's tokens set to what it has generated so far (its progress lines, ``/slots``' n_decoded, or its
+time on the slot at its run's normal speed, whichever is most) and its duration set to its time on the slot.  A
+finding about such a request is *suspected*; once the request has ended (or its server is gone) it is
+*confirmed*.
 
 Library only: no click.
 """
@@ -20,43 +21,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import polars as pl
 
-from forensics import findings
+from forensics import findings, registry
 from forensics.ingest import strip_exts
+from forensics.session import LIVE_SCHEMA, Analysis, Thresholds, thresholds
 from forensics.store import ArrowStream, Store, fetch_pl
 from forensics.watch.follow import stream_label
 from forensics.watch.server import ServerView, SlotView
 
 KEYS = ["run", "instance", "slot", "task"]
-LIVE_SCHEMA = {"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64,
-               "gen_tokens": pl.Int64, "total_ms": pl.Float64}
-
-
-class LiveStore(Store):
-    """The store as the findings read it, with the running requests' tokens and duration so far.
-
-    Only rows in ``live`` change (their ``complete`` stays false, so no baseline moves); everything is read
-    through the public finding functions, which open views with ``connect``/``_create_view``."""
-
-    def __init__(self, root: Path, live: pl.DataFrame) -> None:
-        super().__init__(root)
-        self.live = live
-
-    def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
-        super()._create_view(con, table, existing_only)
-        if table != "requests" or self.live.height == 0:
-            return
-        con.execute("DROP VIEW IF EXISTS _watch_requests_base")
-        con.execute("ALTER VIEW requests RENAME TO _watch_requests_base")
-        con.register("_watch_live", ArrowStream(self.live))
-        con.execute(
-            "CREATE OR REPLACE VIEW requests AS SELECT r.* REPLACE ("
-            " CASE WHEN l.task IS NULL THEN r.gen_tokens ELSE l.gen_tokens END AS gen_tokens,"
-            " CASE WHEN l.task IS NULL THEN r.total_ms ELSE l.total_ms END AS total_ms)"
-            " FROM _watch_requests_base r LEFT JOIN _watch_live l ON l.run = r.run AND l.instance = r.instance"
-            " AND l.slot = r.slot AND l.task = r.task")
 
 
 # ---------------------------------------------------------------------------------------- what runs now
@@ -306,22 +280,48 @@ def dead_slot_candidates(rep: findings.DeadSlotReport, inst: dict[tuple[str, str
     return out
 
 
-def crash_candidates(inst_df: pl.DataFrame, open_: pl.DataFrame, ident: Identity) -> list[Candidate]:
+def crash_candidates(crashes: pl.DataFrame, inst: dict[tuple[str, str], dict[str, Any]],
+                     ident: Identity) -> list[Candidate]:
+    """The crash finding's crashes at start-up or while serving (an abort while shutting down with nothing in
+    flight is not a failure: no alert)."""
     out = []
-    for row in inst_df.filter(pl.col("crashed").fill_null(False)).iter_rows(named=True):
+    for row in crashes.filter(pl.col("phase") != "shutdown").iter_rows(named=True):
         run, instance, path = row["run"], row["instance"], str(row["path"])
-        tasks = open_.filter((pl.col("run") == run) & (pl.col("instance") == instance)).sort("slot", "task")
-        in_flight = ", ".join(f"slot {s} task {t}" for s, t in tasks.select("slot", "task").iter_rows())
-        line = int(row["crash_line"] or row["line_last"] or 0)
+        irow = inst.get((run, instance)) or {"path": path}
+        line = int(row["line_no"] or 0)
         last = max(line, int(row["line_last"] or line))
-        alert = _base("crash", "confirmed", row, run, instance)
+        alert = _base("crash", "confirmed", irow, run, instance)
+        in_flight = row["in_flight"]
         alert.update(slot=None, task=None, seq=None, item=None, stage=None, why="crash",
-                     detail=f"crash: {instance} died at line {line}: {row['crash']}"
+                     detail=f"crash: {instance} died at line {line}: {row['message']}"
                             + (f"; in flight: {in_flight}" if in_flight else ""),
-                     evidence=f"{path}:{line}-{last}", in_flight=in_flight or None,
-                     finding=_json_safe(row), so_far=None)
+                     evidence=f"{path}:{line}-{last}", in_flight=in_flight or None, phase=row["phase"],
+                     finding=_json_safe({**irow, **row}), so_far=None)
         out.append(Candidate(ident.key("crash", "confirmed", run, instance, path, line), alert, path, line,
                              (line, last)))
+    return out
+
+
+def generic_candidates(f: registry.Finding, rows: pl.DataFrame, inst: dict[tuple[str, str], dict[str, Any]],
+                       ident: Identity) -> list[Candidate]:
+    """Alerts of a finding with no alert of its own: one per row, confirmed, keyed by its row."""
+    out = []
+    for row in rows.iter_rows(named=True):
+        run, instance = row.get("run"), row.get("instance")
+        irow = inst.get((run, instance)) or {}  # type: ignore[arg-type]
+        path = str(row.get("path") or irow.get("path") or "")
+        first = row.get("line_first", row.get("line_no"))
+        last = row.get("line_last", first)
+        lines = (int(first), int(last or first)) if first is not None else None
+        alert = _base(f.name, "confirmed", irow, str(run), str(instance))
+        said = "; ".join(f"{k} {v}" for k, v in row.items() if k not in ("run", "path") and v is not None)
+        alert.update(slot=row.get("slot"), task=row.get("task"), seq=row.get("seq"), item=row.get("item"),
+                     stage=row.get("stage"), why=f.name, detail=f"{f.title.lower()}: {said}"[:400],
+                     evidence=f"{path}:{lines[0]}-{lines[1]}" if lines else path, finding=_json_safe(row),
+                     so_far=None)
+        rest = [row.get(k) for k in ("slot", "task", "seq", "item", "stage") if row.get(k) is not None]
+        out.append(Candidate(ident.key(f.name, "confirmed", str(run), str(instance), path, *rest, first), alert,
+                             path, lines[1] if lines else 0, lines))
     return out
 
 
@@ -343,18 +343,35 @@ def request_lines(store_root: Path, wanted: list[tuple[str, str, int, int]]) -> 
 
 
 def evaluate(store_root: Path, runs: list[str], li: LiveInputs, ident: Identity,
-             thresholds: dict[str, Any]) -> tuple[list[Candidate], Running]:
-    """Every finding of ``runs`` now, as candidate alerts (the caller keeps those it has not raised yet)."""
+             overrides: dict[str, Any]) -> tuple[list[Candidate], Running]:
+    """Every finding of ``runs`` that watch raises, now, as candidate alerts (the caller keeps those it has not
+    raised yet)."""
     inst_df, open_, speed = store_facts(store_root, runs)
     map_servers(li, inst_df)
     live = running(open_, inst_df, speed, li)
     inst = {(r["run"], r["instance"]): r for r in inst_df.iter_rows(named=True)}
-    store = LiveStore(store_root, live.patch)
+    th = thresholds(**overrides)
     out: list[Candidate] = []
-    for run in runs:
-        out += runaway_candidates(findings.find_runaways(store, run, **thresholds), inst, live, ident)
-        rep = findings.dead_slot_report(store, run, **thresholds)
-        wanted = [(r["run"], r["instance"], r["slot"], r["seq"]) for r in rep.sequence.iter_rows(named=True)]
-        out += dead_slot_candidates(rep, inst, live, ident, request_lines(store_root, wanted))
-    out += crash_candidates(inst_df, open_, ident)
+    with Analysis.open(Store(store_root), runs, live=live.patch) as session:
+        for f in registry.in_dependency_order(registry.findings(watch=True)):
+            out += _candidates_of(f, session, th, inst, live, ident)
     return out, live
+
+
+def _candidates_of(f: registry.Finding, session: Analysis, th: Thresholds, inst: dict[tuple[str, str], dict[str, Any]],
+                   live: Running, ident: Identity) -> list[Candidate]:
+    if f.name == "runaway":
+        return runaway_candidates(findings.find_runaways(session, None, **_th(th)), inst, live, ident)
+    if f.name == "dead_slot":
+        rep = findings.dead_slot_report(session, None, **_th(th))
+        wanted = [(r["run"], r["instance"], r["slot"], r["seq"]) for r in rep.sequence.iter_rows(named=True)]
+        return dead_slot_candidates(rep, inst, live, ident, request_lines(session.store.root, wanted))
+    if f.name == "crash":
+        return crash_candidates(session.rows("crash", th), inst, ident)
+    return generic_candidates(f, f.listing(session.rows(f.name, th)), inst, ident)
+
+
+def _th(th: Thresholds) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(th).items() if k != "include_recovered"}
