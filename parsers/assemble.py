@@ -136,13 +136,21 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
     return ev.with_columns(pl.Series("instance_no", inst))
 
 
+def _task_goes_down(ev: pl.DataFrame, ikey: pl.Series) -> bool:
+    """Whether any slot's task id ever goes down from one line to the next (never, in one server's log without a
+    restart): the cheap test before ``_parallel_streams`` looks closer."""
+    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey}).filter(
+        (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
+    return bool(lines.select((pl.col("task").diff().over("slot") < 0).any()).item())
+
+
 def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
     """Two servers writing into one log with no tag to tell them apart (ollama 2026 copies each model's server
     into its own journal under one pid): a slot cannot run two tasks at once, so where two tasks' lines alternate
     on one slot (each comes back after the other, neither released in between), the tasks whose spans on the slot
     overlap belong to different servers.  The first server keeps its key; the tasks of the k-th get key -1 - k (instances of their own).  Only
     lines without a router tag, within one chunk."""
-    if "slot" not in ev.columns or "task" not in ev.columns:
+    if "slot" not in ev.columns or "task" not in ev.columns or not _task_goes_down(ev, ikey):
         return ikey
     lines = pl.DataFrame({"_i": np.arange(ev.height), "ikey": ikey, "slot": ev["slot"], "task": ev["task"],
                           "_rel": ev["role"] == "release"}).filter(
@@ -351,14 +359,17 @@ def _inherit_declared(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> _L
     la.slot[synth] = 0
     la.task[synth] = la.line[synth]
     keys = ev["ikey"].to_numpy()
+    present = set(ev["kind"].unique().cast(pl.String).to_list())
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        for header in set(inheritors.values()):
-            takers = [k for k, h in inheritors.items() if h == header]
+        for header in sorted(set(inheritors.values())):
+            takers = [k for k, h in inheritors.items() if h == header and k in present]
+            if not takers and header not in present:
+                continue  # (a header alone still sets the state a later chunk's lines take)
             _inherit_task_of_slot(la, idx, st, header, takers)
             _inherit_latest_header(la, idx, st, header, takers)
-        for header in set(next_inh.values()):
+        for header in sorted(set(next_inh.values())):
             _inherit_next_header(la, idx, header, [k for k, h in next_inh.items() if h == header])
     if missing.any():
         _orphan_blocks(la, keys, fmt, [*inheritors, *next_inh])
@@ -376,6 +387,9 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
     pasted only the block).  A run of them directly followed by a release line is that task's (the block is
     printed just before its task's release); a run holding a timing or n_ctx_train cap line that no release
     follows is a request of its own, as in era 1: slot 0, the run's first line number as its task."""
+    nan = np.flatnonzero(np.isnan(la.slot))
+    if not len(nan) or not np.isin(la.kinds[nan], takers).any():
+        return  # every line that takes its ids from another has them (the common case)
     prompt = np.isin(la.kinds, list(fmt.with_role("timing_prompt")))
     total = np.isin(la.kinds, list(fmt.with_role("timing_total")))
     ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
@@ -733,17 +747,31 @@ def _in_flight_close(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr) -> p
     A streamed response's line is written when the stream closes, which can be before the task's timings and
     release (even before its sampler is set up), with the status sent when the stream began; no other request
     can be answered then, and a request that closed earlier and still waits for its line still comes first in the
-    queue."""
+    queue.  Per instance, with the requests sorted by their first line: the requests in flight at a line are those
+    begun by then less those closed before it, and when that is one, it is the one whose close is the largest of
+    those begun (a running maximum): no pairing of lines with requests."""
     keys = ["ikey", "instance_no"]
     spans = req.with_row_index("_ri").select(*keys, "_ri", pl.coalesce("start_line", "line_first").alias("_from"),
                                              close.alias("_to"))
+    eff = spans["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy().copy()
     # (a failure status inside a task's span is the handler refusing some other request: --jinja missing, ...)
-    posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64).alias("_h"))
-    inside = (pl.col("_from") <= pl.col("_h")) & (pl.col("_to").is_null() | (pl.col("_to") >= pl.col("_h")))
-    live = posts.join(spans.filter(pl.col("_from").is_not_null()), on=keys).filter(inside)
-    solo = live.filter(pl.len().over(*keys, "_h") == 1).group_by("_ri").agg(pl.col("_h").min())
-    out = spans.join(solo, on="_ri", how="left").sort("_ri")
-    return out.select(pl.min_horizontal("_to", "_h")).to_series()
+    posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64))
+    lines_of = {k: g["line_no"].to_numpy() for k, g in posts.partition_by(keys, as_dict=True).items()}
+    for key, sp in spans.filter(pl.col("_from").is_not_null()).partition_by(keys, as_dict=True).items():
+        h = lines_of.get(key)
+        if h is None or not len(h):
+            continue
+        sp = sp.sort("_from")
+        f, t = sp["_from"].to_numpy(), sp["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy()
+        ri = sp["_ri"].to_numpy()
+        top = np.maximum.accumulate(t)
+        holder = np.maximum.accumulate(np.where(t == top, np.arange(len(t)), 0))  # who holds the running maximum
+        begun = np.searchsorted(f, h, side="right")
+        live = begun - np.searchsorted(np.sort(t), h, side="left")
+        solo = (live == 1) & (begun > 0)
+        who = ri[holder[begun[solo] - 1]]
+        np.minimum.at(eff, who, h[solo].astype(np.float64))
+    return pl.Series(eff).replace(np.inf, None).cast(pl.Int64)
 
 
 def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
