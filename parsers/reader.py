@@ -14,14 +14,18 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from forensics.errors import InputError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 CHUNK_BYTES = 8 * 1024 * 1024
+SMALL_BLOCK = 256 * 1024  # up to this many bytes, lines are split by Python (the same strings: see lines_of)
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -167,8 +171,7 @@ class Chunk:
     def lines(self) -> pl.Series:
         """The lines as strings, without their terminators (invalid UTF-8 replaced)."""
         if self._lines is None:
-            nl = np.flatnonzero(np.frombuffer(self.block, dtype=np.uint8) == 10)
-            self._lines = _to_series(self.block, nl)
+            self._lines = lines_of(self.block)
         return self._lines
 
 
@@ -208,6 +211,8 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     long = lens > 12
     views[long, 2] = 0
     views[long, 3] = starts[long]
+    import pyarrow as pa  # only for a large block: importing it costs 0.15 s
+
     arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(block)])
     return pl.Series("line", _CArray(arr), dtype=pl.String)
 
@@ -224,7 +229,10 @@ class _CArray:
 
 
 def lines_of(block: bytes) -> pl.Series:
-    """The lines of a block that ends with a newline, cut as a chunk's are."""
+    """The lines of a block that ends with a newline, cut as a chunk's are.  A small block (a short log, the
+    tail a watch reads) is split by Python, which costs less than loading pyarrow for its string views."""
+    if len(block) <= SMALL_BLOCK:
+        return _to_series_replacing(block)
     return _to_series(block, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10))
 
 

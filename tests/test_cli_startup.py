@@ -1,5 +1,6 @@
 """What one invocation loads: help is built from click and light modules only, the data libraries load when a
-command runs, and the formats are read from the files once per content of them."""
+command runs, the formats are read from the files once per content of them, and a short log's lines are split
+without pyarrow into the same strings."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import click
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forensics.cli import cli
-from parsers import spec
+from parsers import reader, spec
 from tests.conftest import ROOT
 
 DATA_LIBRARIES = ("polars", "duckdb", "pyarrow", "altair")
@@ -55,8 +58,10 @@ def test_a_commands_help_imports_no_data_library() -> None:
 
 def test_a_command_that_runs_loads_what_it_needs(tmp_path: Path) -> None:
     log = ROOT / "fixtures" / "logs" / "era5-default-b10587.log"
-    seen = _loaded_after([["ingest", str(log), "--store", str(tmp_path / "s")]])
-    assert {"polars", "pyarrow"} <= set(seen[f"ingest {log} --store {tmp_path / 's'}"])
+    store = str(tmp_path / "s")
+    seen = _loaded_after([["ingest", str(log), "--store", store], ["deadslots", "--store", store]])
+    # a short log is read and written by polars alone; the queries load DuckDB
+    assert seen == {f"ingest {log} --store {store}": ["polars"], f"deadslots --store {store}": ["polars", "duckdb"]}
 
 
 def test_the_cached_formats_are_the_formats_the_files_declare() -> None:
@@ -94,3 +99,25 @@ def test_the_cache_key_follows_the_format_files_and_the_engines(tmp_path: Path, 
     edited = next(iter(sorted(copy.glob("*.toml"))))
     edited.write_text(edited.read_text() + "\n# an edit\n")
     assert spec._cache_path() != first
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40) | st.text(max_size=30).map(str.encode), max_size=30),
+       st.sampled_from([b"\n", b"\r\n"]))
+def test_a_small_block_is_split_into_the_lines_a_large_one_gives(pieces: list[bytes], newline: bytes) -> None:
+    block = b"".join(p.replace(b"\n", b" ") + newline for p in pieces)
+    if not block:
+        return
+    import numpy as np
+
+    views = reader._to_series(block, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10))
+    assert reader._to_series_replacing(block).to_list() == views.to_list()
+    assert len(block) > reader.SMALL_BLOCK or reader.lines_of(block).to_list() == views.to_list()
+
+
+def test_a_large_block_still_reads_through_string_views() -> None:
+    line = "slot update_slots: id  0 | task 1 | prompt done, n_tokens = 12, \u00e9\r\n".encode()
+    block = line * (reader.SMALL_BLOCK // len(line) + 2)
+    lines = reader.lines_of(block)
+    assert lines.len() == block.count(b"\n") and lines[0] == line.decode()[:-2]
+    assert lines.to_list() == reader._to_series_replacing(block).to_list()
