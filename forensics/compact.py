@@ -16,11 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from forensics import schema
+from forensics.lazy import LazyModule
 from forensics.store import PACKS_DIR, Store, Transaction, run_of_part, sql_string, sql_strings
+
+if TYPE_CHECKING:
+    import duckdb
+else:  # loaded when a compaction runs: every ingest asks whether one is due (forensics.lazy)
+    duckdb = LazyModule("duckdb")
 
 PACK_BYTES = 96 * 1024 * 1024  # input bytes per pack: large enough to be few, small enough to sort in memory
 ROW_GROUP = 100_000  # rows per row group: a run filter skips whole groups of other runs

@@ -1214,7 +1214,7 @@ def _finish_join(store: Store, ing: Ingestor) -> None:
     ingest (even of unchanged files) completes it."""
     if not store.meta("join_pending"):
         return
-    if store.table("attempts").height:
+    if store.parts("attempts") and store.table("attempts").height:  # no parts: no rows, and no DuckDB to load
         ing.result.warnings.extend(_join_runs(store))
     else:
         txn = store.transaction()

@@ -22,19 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import polars as pl
-
 from forensics import sentences as S
 from forensics.errors import NotFoundError
+from forensics.lazy import LazyModule
 from forensics.timefmt import stamp_expr
 
 if TYPE_CHECKING:
-    from forensics.session import Analysis, Thresholds
+    import polars as pl
 
-Shape = Callable[[pl.DataFrame, "Analysis", "Thresholds"], pl.DataFrame]
-Sentence = Callable[[pl.DataFrame, S.RunContext], list[S.Fact]]
-ClassRows = Callable[["Analysis", "Thresholds", list[str]], pl.DataFrame]
-Detail = Callable[["Analysis", list[str]], pl.DataFrame]
+    from forensics.session import Analysis, Thresholds
+else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
+    pl = LazyModule("polars")
+
+Shape = Callable[["pl.DataFrame", "Analysis", "Thresholds"], "pl.DataFrame"]
+Sentence = Callable[["pl.DataFrame", S.RunContext], list[S.Fact]]
+ClassRows = Callable[["Analysis", "Thresholds", list[str]], "pl.DataFrame"]
+Detail = Callable[["Analysis", list[str]], "pl.DataFrame"]
 
 RUNAWAY_OPTIONS = ("factor", "quantile", "min_tokens", "min_group", "ctx_slack")
 DEAD_SLOT_OPTIONS = (*RUNAWAY_OPTIONS, "long_factor", "min_seconds", "slow_factor", "few_tokens", "few_normal")
@@ -137,9 +140,18 @@ def round_cap(normal_max: float, margin: float) -> int:
     return cap
 
 
-CAPS_SCHEMA = {"run": pl.String, "cap": pl.Int64, "capped": pl.Boolean, "normal": pl.Int64, "normal_min": pl.Int64,
-               "normal_max": pl.Int64, "runaways": pl.Int64, "runaway_min": pl.Int64, "runaway_max": pl.Int64,
-               "runaways_stopped": pl.Int64, "normal_cut": pl.Int64}
+def caps_schema() -> dict[str, type[pl.DataType]]:
+    """The columns of the caps table and their types (``CAPS_SCHEMA``; a function, so importing this module does
+    not load polars)."""
+    counts = ("normal", "normal_min", "normal_max", "runaways", "runaway_min", "runaway_max", "runaways_stopped",
+              "normal_cut")
+    return {"run": pl.String, "cap": pl.Int64, "capped": pl.Boolean, **dict.fromkeys(counts, pl.Int64)}
+
+
+def __getattr__(name: str) -> object:
+    if name == "CAPS_SCHEMA":
+        return caps_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _caps(rows: pl.DataFrame, session: Analysis, th: Thresholds) -> pl.DataFrame:
@@ -158,7 +170,8 @@ def _caps(rows: pl.DataFrame, session: Analysis, th: Thresholds) -> pl.DataFrame
         (pl.col("normal") & (tok >= pl.col("cap"))).sum().alias("normal_cut"))
     out = per.join(effect, on="run", how="left").with_columns(
         pl.when(pl.col("cap").is_not_null()).then(pl.col(c)).alias(c) for c in ("runaways_stopped", "normal_cut"))
-    return out.select(list(CAPS_SCHEMA)).cast(CAPS_SCHEMA)  # type: ignore[arg-type]
+    schema = caps_schema()
+    return out.select(list(schema)).cast(schema)  # type: ignore[arg-type]
 
 
 def _missing_detail(session: Analysis, runs: list[str]) -> pl.DataFrame:

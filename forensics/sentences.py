@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
+from forensics.lazy import LazyModule
 from forensics.timefmt import seconds, spoken
+
+if TYPE_CHECKING:
+    import polars as pl
+else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
+    pl = LazyModule("polars")
 
 # What a fact is to the reader: a finding makes the run unhealthy; advice (the cap) and notes are said but do
 # not.  Notes come after everything else.

@@ -34,15 +34,20 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import polars as pl
 
 from forensics import schema
 from forensics.errors import NotFoundError, StoreError
+from forensics.lazy import LazyModule
 from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
 from forensics.paths import default_store_path as default_store_path
+
+if TYPE_CHECKING:
+    import duckdb
+else:  # loaded when a query runs: an ingest writes Parquet and needs no SQL engine (forensics.lazy)
+    duckdb = LazyModule("duckdb")
 
 MANIFEST = "_manifest.json"
 PACKS_DIR = "packs"  # <table>/packs/<pack>.parquet: many parts' rows in one file (``compact``)

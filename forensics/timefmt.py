@@ -10,8 +10,15 @@ same text, vectorised), and ``spoken`` turns a stamp into the words of a sentenc
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import polars as pl
+from forensics.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import polars as pl
+else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
+    pl = LazyModule("polars")
+
 
 ISO_MS = "%Y-%m-%dT%H:%M:%S%.3fZ"
 

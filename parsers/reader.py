@@ -14,14 +14,18 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from forensics.errors import InputError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 CHUNK_BYTES = 8 * 1024 * 1024
+SMALL_BLOCK = 256 * 1024  # up to this many bytes, lines are split by Python (the same strings: see lines_of)
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -167,8 +171,7 @@ class Chunk:
     def lines(self) -> pl.Series:
         """The lines as strings, without their terminators (invalid UTF-8 replaced)."""
         if self._lines is None:
-            nl = np.flatnonzero(np.frombuffer(self.block, dtype=np.uint8) == 10)
-            self._lines = _to_series(self.block, nl)
+            self._lines = lines_of(self.block)
         return self._lines
 
 
@@ -208,12 +211,28 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     long = lens > 12
     views[long, 2] = 0
     views[long, 3] = starts[long]
+    import pyarrow as pa  # only for a large block: importing it costs 0.15 s
+
     arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(block)])
-    return pl.Series("line", arr, dtype=pl.String)
+    return pl.Series("line", _CArray(arr), dtype=pl.String)
+
+
+class _CArray:
+    """An Arrow array handed to polars through the Arrow C data interface alone: given the pyarrow array itself,
+    polars imports ``pyarrow.compute`` (0.06 s of every ingest) to look at its chunks; the data is the same."""
+
+    def __init__(self, arr: pa.Array) -> None:
+        self.arr = arr
+
+    def __arrow_c_array__(self, requested_schema: object = None) -> object:
+        return self.arr.__arrow_c_array__(requested_schema)
 
 
 def lines_of(block: bytes) -> pl.Series:
-    """The lines of a block that ends with a newline, cut as a chunk's are."""
+    """The lines of a block that ends with a newline, cut as a chunk's are.  A small block (a short log, the
+    tail a watch reads) is split by Python, which costs less than loading pyarrow for its string views."""
+    if len(block) <= SMALL_BLOCK:
+        return _to_series_replacing(block)
     return _to_series(block, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10))
 
 

@@ -14,6 +14,8 @@ Supporting a new llama.cpp version or fork means adding rows to these files, not
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -208,43 +210,72 @@ def load_format(path: Path, check: bool = True) -> Format:
 
 @cache
 def load_formats() -> dict[str, Format]:
-    """All built-in formats by name (file name order)."""
+    """All built-in formats by name (file name order).
+
+    Read from the format files once per content of them: the result is kept beside them (as Python keeps its
+    bytecode), under a digest of every format file, of this module and of both regex engines' versions, so an
+    edited file, or another polars, reads and checks them again.  A process that finds it reads no TOML and
+    compiles no regex here."""
+    cache_path = _cache_path()
+    cached = _read_cache(cache_path)
+    if cached is not None:
+        return cached
     out: dict[str, Format] = {}
-    marker = _checked_marker()
-    checked = marker is not None and marker.exists()
     for path in sorted(FORMATS_DIR.glob("*.toml")):
         if path.name in DATA_FILES:
             continue
-        fmt = load_format(path, check=not checked)
+        fmt = load_format(path)
         if fmt.name in out:
             raise FormatDefinitionError(f"format {fmt.name!r} is declared twice", path=str(path))
         out[fmt.name] = fmt
     _check_union(list(out.values()))
-    if marker is not None and not checked:
-        _write_marker(marker)
+    if cache_path is not None:
+        _write_cache(cache_path, out)
     return out
 
 
-def _checked_marker() -> Path | None:
-    """Where the note that the format files as they are now compile for both engines lives (beside them, as
-    Python keeps its bytecode); its name is a digest of every format file and of both regex engines' versions,
-    so an edited file, or another polars, checks them again."""
-    from importlib.metadata import PackageNotFoundError, version
+def _engine_versions() -> str:
+    """The installed polars (its distributions' folder names) and regex: listing a folder costs next to nothing,
+    where importing ``importlib.metadata`` costs 0.05 s of every process that reads a log."""
+    import importlib.util
 
-    try:
-        engines = f"{version('polars')} {regex.__version__}"
-    except PackageNotFoundError:  # pragma: no cover - polars is a dependency
-        return None
-    h = hashlib.sha256(engines.encode())
+    spec = importlib.util.find_spec("polars")
+    found = sorted(p.name for p in Path(spec.origin).parent.parent.glob("polars*.dist-info")) \
+        if spec is not None and spec.origin else []
+    if not found:  # another layout (a system package, an egg): ask the metadata
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = [version("polars")]
+        except PackageNotFoundError:  # pragma: no cover - polars is a dependency
+            found = ["unknown"]
+    return f"{' '.join(found)} regex {regex.__version__}"
+
+
+def _cache_path() -> Path | None:
+    h = hashlib.sha256(_engine_versions().encode())
+    h.update(Path(__file__).read_bytes())
     for path in sorted(FORMATS_DIR.glob("*.toml")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return FORMATS_DIR / "__pycache__" / f"checked-{h.hexdigest()[:24]}"
+    return FORMATS_DIR / "__pycache__" / f"formats-{h.hexdigest()[:24]}.pickle"
 
 
-def _write_marker(marker: Path) -> None:
-    try:  # a package folder that cannot be written to only means the next process checks again
-        marker.parent.mkdir(exist_ok=True)
-        marker.touch()
+def _read_cache(path: Path | None) -> dict[str, Format] | None:
+    if path is None:
+        return None
+    try:
+        data = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError):
+        return None  # absent, cut short or from an older layout: read the files again
+    return data if isinstance(data, dict) and all(isinstance(f, Format) for f in data.values()) else None
+
+
+def _write_cache(path: Path, formats: dict[str, Format]) -> None:
+    try:  # a package folder that cannot be written to only means the next process reads the files again
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(formats, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, path)
     except OSError:
         pass
 

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("intake", ("forensics.ingest", "forensics.duplicates", "forensics.replay", "forensics.generate")),
     ("analysis", ("forensics.findings", "forensics.repetition", "forensics.metrics", "forensics.verdict",
                   "forensics.compare", "forensics.evidence", "forensics.runs", "forensics.replay.tables",
-                  "forensics.session", "forensics.registry", "forensics.sentences", "forensics.sweep",
+                  "forensics.session", "forensics.thresholds", "forensics.registry", "forensics.sentences", "forensics.sweep",
                   "forensics.planning")),
     ("outputs", ("forensics.charts", "forensics.report", "forensics.render", "forensics.demo", "forensics.docs",
                  "forensics.watch", "forensics.otel", "forensics.planning.charts", "forensics.planning.section")),

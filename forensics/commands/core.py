@@ -11,7 +11,12 @@ from typing import Any
 import click
 
 from forensics.commands import options as cli_mod
-from parsers.spec import ALIASES, format_names  # light: the format names only, no engine
+
+
+def _format_choices() -> list[str]:
+    from parsers.spec import ALIASES, format_names  # the format files are read when `ingest` needs them
+
+    return sorted([*format_names(), *ALIASES])
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ Examples:
 """)
 @click.argument("paths", nargs=-1, required=True)  # plain text: the library says what is wrong with a path
 @click.option("--run", default=None, help="Run name for these files (default: the folder the file sits in).")
-@click.option("--format", "fmt", type=click.Choice(sorted([*format_names(), *ALIASES])), default=None,
+@click.option("--format", "fmt", type=cli_mod.LazyChoice(_format_choices), default=None,
               help="Read with one format's line kinds only (default: every format; the one most lines "
                    "belong to is reported).")
 @click.option("--started-at", default=None, help="Wall-clock start of the server (ISO 8601) for elapsed-time logs.")

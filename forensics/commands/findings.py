@@ -16,12 +16,14 @@ from typing import Any
 
 import click
 
-from forensics import findings as F
 from forensics import registry
 from forensics.commands import options as cli_mod
+from forensics.thresholds import Thresholds
 
-THRESHOLDS = F.Thresholds()
-KNOBS = {f.name: f for f in fields(F.Thresholds)}
+# The commands are built from the registry and the thresholds, both light: the findings themselves (DuckDB,
+# polars) load when a command runs, so `forensics --help` does not pay for them.
+THRESHOLDS = Thresholds()
+KNOBS = {f.name: f for f in fields(Thresholds)}
 
 
 def threshold_options(names: tuple[str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -73,6 +75,7 @@ def listing_command(f: registry.Finding) -> click.Command:
     """The command of finding ``f``: its listing for RUN..., and its gate."""
     def run(ctx: click.Context, runs: tuple[str, ...], fail_on: str, fmt: str, store_path: Path | None,
             **th: Any) -> None:
+        from forensics import findings as F
         from forensics.render import render
 
         store = cli_mod.open_store(store_path)
@@ -100,6 +103,8 @@ def deadslots_command(f: registry.Finding) -> click.Command:
     @click.pass_context
     def deadslots(ctx: click.Context, runs: tuple[str, ...], explain: bool, fail_on: str, fmt: str,
                   **opts: Any) -> None:
+        from forensics import findings as F
+
         store = cli_mod.open_store(opts.pop("store_path"))
         rep = F.dead_slot_report(store, asked(store, runs, f.needs, str(f.command)),
                                  include_recovered=bool(opts.pop("include_recovered", None)), **opts)
@@ -142,6 +147,7 @@ def cap_command(f: registry.Finding) -> click.Command:
     @click.pass_context
     def cap(ctx: click.Context, runs: tuple[str, ...], fail_on: str, fmt: str, store_path: Path | None,
             **th: Any) -> None:
+        from forensics import findings as F
         from forensics.render import render
 
         store = cli_mod.open_store(store_path)

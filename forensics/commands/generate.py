@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,20 +23,28 @@ class GenerateArgs:
     seed: int
 
 
-def register(cli: click.Group) -> None:
-    from forensics.generate import FORMATS, SCENARIOS, WRAPPERS, Repeat, generate, parse_size
+def _choices(name: str) -> Callable[[], list[str]]:
+    """The names in ``forensics.generate.<name>``, read when `generate` needs them (the generator loads polars)."""
+    def load() -> list[str]:
+        import forensics.generate as gen
 
+        names = list(getattr(gen, name))
+        return sorted(names) if name == "SCENARIOS" else names
+    return load
+
+
+def register(cli: click.Group) -> None:
     @cli.command("generate", epilog="""\b
 Examples:
   forensics generate sim/                          the demo scenario's logs, records and ground truth
   forensics generate big/ --size 1GB --format era4   a large log for benchmarks
 """)
     @click.argument("out_dir", type=click.Path(path_type=Path))
-    @click.option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="demo", show_default=True,
+    @click.option("--scenario", type=cli_mod.LazyChoice(_choices("SCENARIOS")), default="demo", show_default=True,
                   help="Preset scenario to simulate.")
-    @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="era5", show_default=True,
+    @click.option("--format", "fmt", type=cli_mod.LazyChoice(_choices("FORMATS")), default="era5", show_default=True,
                   help="llama-server log generation to write.")
-    @click.option("--wrapper", type=click.Choice(list(WRAPPERS)), default="none", show_default=True,
+    @click.option("--wrapper", type=cli_mod.LazyChoice(_choices("WRAPPERS")), default="none", show_default=True,
                   help="Wrapper around each line (journald, docker, ansi colours, router [port] tags).")
     @click.option("--requests", "n_requests", type=click.IntRange(min=1), default=None,
                   help="Repeat the scenario's runs until at least N slot requests are written.")
@@ -48,6 +57,8 @@ Examples:
         OUT_DIR/logs/...              server logs, run manifests and attempts (ingest this folder)
         OUT_DIR/truth/requests.jsonl  ground truth: one line per request a slot served
         """
+        from forensics.generate import SCENARIOS, Repeat, generate, parse_size
+
         a = cli_mod.typed_options(GenerateArgs, opts)
         fmt, wrapper, n_requests, size, seed = a.fmt, a.wrapper, a.n_requests, a.size, a.seed
         if n_requests is not None and size is not None:

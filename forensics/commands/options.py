@@ -12,7 +12,7 @@ command's own ``--store``, when given, wins.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +58,23 @@ def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
              "./forensics-store); repeat it, or give a pattern, to read several hosts' stores as one (HOST=DIR "
              "names the host).",
     )(fn)
+
+
+class LazyChoice(click.Choice):  # type: ignore[type-arg]
+    """A choice whose values are worked out when its own command needs them (its help, its value), not when the
+    command is built: the format names, the generator's scenarios and wrappers come from modules that
+    `forensics --help` need not load."""
+
+    def __init__(self, load: Callable[[], Sequence[str]], case_sensitive: bool = True) -> None:
+        self._load = load
+        self._choices: tuple[str, ...] | None = None
+        self.case_sensitive = case_sensitive
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        if self._choices is None:
+            self._choices = tuple(self._load())
+        return self._choices
 
 
 def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:
