@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import regex
 
-from forensics.errors import InternalError
+from parsers.errors import InternalError
 from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
 
 SMALL_INPUT = 4096  # rows: at most this many, _match gates each kind's prefilter on the joined text

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from forensics.errors import InputError
+from parsers.errors import InputError
 
 CHUNK_BYTES = 8 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 EXAMPLES = """
 \b

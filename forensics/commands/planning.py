@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from forensics import cli as cli_mod
+from forensics.commands import options as cli_mod
 
 WHATIF_EXAMPLES = """
 \b
