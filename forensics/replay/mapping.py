@@ -23,7 +23,7 @@ from typing import Any
 
 import regex
 
-from forensics.errors import MappingError
+from forensics.errors import InternalError, MappingError
 from forensics.paths import file_stem
 from forensics.replay import mapsql
 from forensics.replay.clock import MANIFEST, Relative
@@ -1007,7 +1007,8 @@ def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evalua
             if a == MANIFEST:
                 out.setdefault(g, []).append(MANIFEST)
                 continue
-            assert isinstance(a, FieldSpec)
+            if not isinstance(a, FieldSpec):  # an anchor is the manifest or a field, as parsed
+                raise InternalError(f"anchor {a!r} of the section at {sec.paths} is neither a field nor the manifest")
             computed = {"anchor": ev.values[f"$anchor{i}"]} if ev is not None and a.sql else None
             for row in (r for r in rows if r.group == g):
                 t = _convert(a, "time", _value(a, row, data, computed))
