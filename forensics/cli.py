@@ -76,6 +76,9 @@ def usage_line(exc: click.UsageError) -> str:
     cmd = exc.ctx.command_path.replace("cli", "forensics", 1) if exc.ctx is not None else "forensics"
     if not cmd.startswith("forensics"):
         cmd = "forensics " + cmd
+    group = exc.ctx.command if exc.ctx is not None else None
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())) and isinstance(group, click.Group):
+        text = f"{cmd} needs a command: {', '.join(sorted(group.commands))}"  # click's message is the whole help
     return f"forensics: error: {text} (see `{cmd} --help`)"
 
 

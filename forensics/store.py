@@ -173,13 +173,18 @@ def _is_detached(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"detached"}
 
 
+def refuse_a_file(root: Path) -> None:
+    """A store is a folder: a file given as one is an input error, before anything is written beside it."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root} is a file, not a store folder", hint="pass --store DIR with a folder path")
+
+
 class Store:
     """A forensics store on disk."""
 
     def __init__(self, root: Path | str, *, create: bool = False) -> None:
         self.root = Path(root)
-        if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"{self.root} is a file, not a store folder", hint="pass --store DIR with a folder path")
+        refuse_a_file(self.root)
         if not (self.root / MANIFEST).exists():
             if not create:
                 raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")

@@ -108,7 +108,11 @@ def resolve_store(path: Path | None) -> Path:
     if engine != "duckdb" and _meta().get("forensics.engine_given"):  # $FORENSICS_ENGINE is for the readers
         raise StoreError(f"this command does not run on --engine {engine}: it reads files and writes one store",
                          hint="drop --engine (or FORENSICS_ENGINE) for it; the commands that read the store take it")
-    return path if path is not None else default_store_path()
+    from forensics.store import refuse_a_file
+
+    store = path if path is not None else default_store_path()
+    refuse_a_file(store)  # watch writes its state under the store before it opens it
+    return store
 
 
 def open_store(path: Path | None) -> Any:
