@@ -67,9 +67,10 @@ def bug_boundary(*, path: str | None = None, line: int | None = None,
                  passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Turn any unexpected exception raised inside into an ``InternalError`` (exit 3): the one place that
     catches every exception.  ``ForensicsError`` and the ``passthrough`` types go through unchanged."""
+    through: tuple[type[BaseException], ...] = (ForensicsError, *passthrough)
     try:
         yield
-    except (ForensicsError, *passthrough):
+    except through:
         raise
     except Exception as exc:
         raise InternalError(exc, path=path, line=line) from exc

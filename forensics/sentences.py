@@ -421,7 +421,8 @@ def cost(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     lost, the tokens spent on runaways (said only when something went wrong)."""
     if not any(f.severity == FINDING for f in ctx.facts):
         return []
-    parts, fields = [], {}
+    parts: list[str] = []
+    fields: dict[str, Any] = {}
     if rows.height:
         r = rows.row(0, named=True)
         run_s, need_s = r["run_s"], r["needed_s"]

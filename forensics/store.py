@@ -75,7 +75,7 @@ def sql_strings(values: list[str]) -> str:
 def view_names(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The views a connection has (a store's tables it bound, and any a caller added)."""
     if not isinstance(con, duckdb.DuckDBPyConnection):  # another engine's connection knows its own
-        return con.view_names()  # type: ignore[no-any-return]
+        return con.view_names()
     return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
@@ -433,7 +433,7 @@ class Store:
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
         if self.engine is not None:
-            return self.engine.connect(self, tables=tables, existing_only=existing_only)  # type: ignore[no-any-return]
+            return self.engine.connect(self, tables=tables, existing_only=existing_only)
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         # Parts never change once committed: a query that scans a table again (a finding reads several)

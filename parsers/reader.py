@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -86,6 +87,7 @@ class Decompressing(io.RawIOBase):
         self._new()
 
     def _new(self) -> None:
+        self.dec: Any  # zlib's or zstandard's decompressor: decompress(), unused_data, eof
         if self.kind == "gzip":
             self.dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
         else:
@@ -112,7 +114,7 @@ class Decompressing(io.RawIOBase):
                     if rest:  # concatenated members / frames
                         self._new()
                     block = rest
-            except (zlib.error, *_zstd_errors()) as exc:
+            except _damaged() as exc:
                 self.truncated, self.problem = True, f"compressed stream is damaged ({exc})"
                 self._eof = True
 
@@ -131,10 +133,11 @@ class Decompressing(io.RawIOBase):
         super().close()
 
 
-def _zstd_errors() -> tuple[type[Exception], ...]:
+def _damaged() -> tuple[type[Exception], ...]:
+    """What a damaged gzip or zstd stream raises."""
     import zstandard
 
-    return (zstandard.ZstdError,)
+    return (zlib.error, zstandard.ZstdError)
 
 
 def open_binary(path: Path) -> io.RawIOBase:
@@ -297,7 +300,7 @@ def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
     state.line_no = line_no
 
 
-def _skip(fh: io.BufferedIOBase, n: int) -> None:
+def _skip(fh: io.RawIOBase, n: int) -> None:
     while n > 0:
         block = fh.read(min(n, 8 * 1024 * 1024))
         if not block:

@@ -72,14 +72,15 @@ def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.E
     for r in sim.requests:
         srv = sim.servers[r.server]
         l0 = srv.launch_us
+        t_launch, t_pdone, t_end = r.times()
         cancel_t = r.cancel_t
         timed = r.cancel_kind is None and r.error_kind is None
         recs.append({
             "server": r.server, "run": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt,
-            "slot": r.slot, "task": r.task, "seq": r.seq, "t_launch": r.t_launch - l0, "t_pdone": r.t_pdone - l0,
-            "t_end": r.t_end - l0, "cancel_t": None if cancel_t is None else cancel_t - l0,
-            "t_gend": (cancel_t if cancel_t is not None else r.t_end) - l0,
-            "t_resp": r.t_end - l0 + 700, "prompt": r.prompt, "prompt_logged": r.prompt_logged, "cached": r.cached,
+            "slot": r.slot, "task": r.task, "seq": r.seq, "t_launch": t_launch - l0, "t_pdone": t_pdone - l0,
+            "t_end": t_end - l0, "cancel_t": None if cancel_t is None else cancel_t - l0,
+            "t_gend": (cancel_t if cancel_t is not None else t_end) - l0,
+            "t_resp": t_end - l0 + 700, "prompt": r.prompt, "prompt_logged": r.prompt_logged, "cached": r.cached,
             "eval": r.prompt_logged - r.cached, "gen": r.gen, "stop_reason": r.stop_reason, "truncated": r.truncated,
             "n_past_end": r.n_past_end, "prev_n_past": r.prev_n_past,
             "t_last_prev": -1 if r.t_last_prev < 0 else r.t_last_prev - l0, "idle_after": r.idle_after,
