@@ -9,7 +9,7 @@ $(BIN)/forensics: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/forensics
 
-.PHONY: setup demo test lint typecheck
+.PHONY: setup demo test lint
 setup: $(BIN)/forensics
 
 demo: setup  ## set up, then run the main job on the bundled data
@@ -18,9 +18,7 @@ demo: setup  ## set up, then run the main job on the bundled data
 test: setup  ## set up, then run the tests
 	$(BIN)/pytest -q -n auto --dist loadfile
 
-lint: setup  ## ruff, and the layers of docs/architecture.md (import-linter, contracts in pyproject.toml)
+lint: setup  ## ruff, the layers of docs/architecture.md (import-linter) and mypy; all configured in pyproject.toml
 	$(BIN)/ruff check forensics parsers tests benchmarks
 	$(BIN)/lint-imports --no-cache
-
-typecheck: setup  ## mypy (configured in pyproject.toml); not yet clean, so not yet part of lint
 	$(BIN)/mypy

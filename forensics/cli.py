@@ -41,9 +41,9 @@ class ForensicsGroup(click.Group):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """A usage error (an unknown option, a missing argument, a bad choice) is one line too."""
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]  # click's overloads cannot match forwarded *args
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]  # as above
         except click.UsageError as exc:
             click.echo(usage_line(exc), err=True)
             sys.exit(int(ExitCode.USAGE))

@@ -860,11 +860,12 @@ class Engine:
 
     def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, cols: dict[str, pl.Series]) -> pl.DataFrame:
         """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""
-        events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
+        events: pl.DataFrame = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
             {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype()),
              "role": pl.Series([], dtype=role_dtype())})
         # the same columns in the same order whatever order the kinds were tried in
-        events = events.select(sorted(events.columns, key=self._column_rank))
+        order = sorted(events.columns, key=self._column_rank)  # inferred apart from select's many argument types
+        events = events.select(order)
         events = events.sort("__row")
         rows = events["__row"].to_numpy()
         base = {"line_no": line_no.gather(rows)}

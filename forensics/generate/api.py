@@ -93,7 +93,7 @@ def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.E
             "runaway": r.runaway, "dead_slot": r.dead_mode is not None, "context_error": r.context_error,
             "cancel_kind": r.cancel_kind, "parse_error": r.parse_error, "path": paths[r.server],
         })
-    schema = {"shift_j": pl.List(pl.Int64), "shift_left": pl.List(pl.Int64), "shift_disc": pl.List(pl.Int64),
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {"shift_j": pl.List(pl.Int64), "shift_left": pl.List(pl.Int64), "shift_disc": pl.List(pl.Int64),
               "cancel_t": pl.Int64, "error_kind": pl.String, "error": pl.String, "http_status": pl.Int64,
               "cancel_kind": pl.String}
     df = pl.DataFrame(recs, schema_overrides=schema, infer_schema_length=None)
@@ -310,7 +310,7 @@ def _plan(scenario: Scenario, logs_dir: Path, era: W.Era, wrapper: str, seed: in
 
 
 def _open(plan: _Plan, truth_path: Path) -> _Sink:
-    handles = {}
+    handles: dict[str, BinaryIO] = {}
     for spec in plan.scenario.servers:
         p = plan.logs_dir / plan.paths[spec.name]
         p.parent.mkdir(parents=True, exist_ok=True)
