@@ -427,7 +427,8 @@ class Ingestor:
         elif fmt_name is None:
             pre = None
             fmt_name = detect_format(path)
-        if fmt_name is None and self.loaded_mapping is not None and not self.loaded_mapping.has_globs:
+        if fmt_name is None and self.mapping is not None and self.loaded_mapping is not None \
+                and not self.loaded_mapping.has_globs:
             self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
