@@ -18,5 +18,7 @@ demo: setup  ## set up, then run the main job on the bundled data
 test: setup  ## set up, then run the tests
 	$(BIN)/pytest -q -n auto --dist loadfile
 
-lint: setup
+lint: setup  ## ruff, the layers of docs/architecture.md (import-linter) and mypy; all configured in pyproject.toml
 	$(BIN)/ruff check forensics parsers tests benchmarks
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy

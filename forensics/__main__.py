@@ -1,3 +1,4 @@
 from forensics.cli import main
 
-main()
+if __name__ == "__main__":  # `python -m forensics`; importing the module (as the import test does) runs nothing
+    main()

@@ -72,7 +72,7 @@ def _knee(scaling: metrics.Scaling) -> tuple[float | None, str]:
     return x, (f"knee: above {scaling.by} {x:g}" if x is not None else "")
 
 
-def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
+def throughput_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
     """Output tokens/s against concurrency across runs, the knee drawn where the sentence puts it."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
@@ -101,7 +101,7 @@ def throughput_chart(scaling: metrics.Scaling) -> alt.Chart:
 LATENCY_LABELS = {"latency_p50_s": "median latency", "latency_p90_s": "p90 latency"}
 
 
-def latency_chart(scaling: metrics.Scaling) -> alt.Chart:
+def latency_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
     """Median and p90 latency against concurrency, with the fitted line latency = a + b × x."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
@@ -125,7 +125,7 @@ def latency_chart(scaling: metrics.Scaling) -> alt.Chart:
                                          width=560, height=300)
 
 
-def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
+def timeline_chart(intervals: pl.DataFrame) -> alt.TopLevelMixin:
     """One lane per instance and slot, one bar per request, coloured by class."""
     df = intervals if "class" in intervals.columns else intervals.with_columns(pl.lit("unclassified").alias("class"))
     df = df.filter(pl.col("start_s").is_not_null() & pl.col("end_s").is_not_null()).with_columns(
@@ -150,7 +150,7 @@ def timeline_chart(intervals: pl.DataFrame) -> alt.Chart:
     ).properties(title="Slot timeline", width=720, height=max(60, 18 * lanes))
 
 
-def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
+def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.TopLevelMixin:
     """Generated tokens per request, by stage when known (else by run), the recommended cap as a rule."""
     df = intervals.filter(pl.col("gen_tokens").is_not_null())
     group = "stage" if "stage" in df.columns and df["stage"].drop_nulls().len() else "run"
@@ -174,7 +174,7 @@ def tokens_chart(intervals: pl.DataFrame, cap: int | None = None) -> alt.Chart:
     return alt.layer(*layers).properties(title=title, width=620, height=max(60, 30 * n))
 
 
-def busy_chart(intervals: pl.DataFrame) -> alt.Chart:
+def busy_chart(intervals: pl.DataFrame) -> alt.TopLevelMixin:
     """Busy slots (requests in flight) over time, one step line per run and instance."""
     b = metrics.busy_over_time(intervals).with_columns(
         pl.concat_str([pl.col("run"), pl.lit(" "), pl.col("instance").fill_null("?")]).alias("series"))
@@ -217,7 +217,7 @@ def compare_chart(cmp: Any) -> alt.HConcatChart:
 
 
 def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "np",
-          source: str = "auto") -> alt.Chart:
+          source: str = "auto") -> alt.TopLevelMixin:
     """The chart ``kind`` for ``runs`` of ``store`` (all runs when empty)."""
     if kind not in KINDS:
         raise InputError(f"unknown chart kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
@@ -240,7 +240,7 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
     return tokens_chart(ri, findings.recommend_cap(store, runs).cap)
 
 
-def spec(chart: alt.Chart) -> dict[str, Any]:
+def spec(chart: alt.TopLevelMixin) -> dict[str, Any]:
     """The Vega-Lite spec with its data inline and no ``$schema`` URL."""
     d = chart.to_dict()
     d.pop("$schema", None)
@@ -252,7 +252,7 @@ def javascript_bundle() -> str:
     """Vega, Vega-Lite and vega-embed as one inline script (from vl-convert; no network)."""
     import vl_convert as vlc
 
-    return vlc.javascript_bundle(vl_version=VL_VERSION)
+    return vlc.javascript_bundle(vl_version=VL_VERSION)  # type: ignore[call-arg]  # the stub makes the optional snippet required
 
 
 def script_json(data: Any) -> str:
@@ -261,7 +261,7 @@ def script_json(data: Any) -> str:
             .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def embed_div(chart: alt.Chart, div_id: str) -> str:
+def embed_div(chart: alt.TopLevelMixin, div_id: str) -> str:
     """A <div> and the script that draws ``chart`` in it (needs ``javascript_bundle`` on the page)."""
     return (f'<div id="{html.escape(div_id)}" class="chart"></div>\n'
             f'<script>vegaEmbed("#{html.escape(div_id)}", {script_json(spec(chart))}, '
@@ -270,13 +270,13 @@ def embed_div(chart: alt.Chart, div_id: str) -> str:
             "</script>")
 
 
-def to_html(chart: alt.Chart, title: str = "chart") -> str:
+def to_html(chart: alt.TopLevelMixin, title: str = "chart") -> str:
     """A standalone HTML page drawing ``chart`` that works offline."""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
             f"<script>{javascript_bundle()}</script>\n</head><body>\n{embed_div(chart, 'vis')}\n</body></html>\n")
 
 
-def save(chart: alt.Chart, path: Path | str, *, title: str = "chart") -> Path:
+def save(chart: alt.TopLevelMixin, path: Path | str, *, title: str = "chart") -> Path:
     """Write ``chart`` to ``path``: .html (interactive, offline), .png, .svg or .json (the spec)."""
     import vl_convert as vlc
 

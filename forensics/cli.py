@@ -41,9 +41,9 @@ class ForensicsGroup(click.Group):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """A usage error (an unknown option, a missing argument, a bad choice) is one line too."""
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]  # click's overloads cannot match forwarded *args
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]  # as above
         except click.UsageError as exc:
             click.echo(usage_line(exc), err=True)
             sys.exit(int(ExitCode.USAGE))
@@ -76,6 +76,9 @@ def usage_line(exc: click.UsageError) -> str:
     cmd = exc.ctx.command_path.replace("cli", "forensics", 1) if exc.ctx is not None else "forensics"
     if not cmd.startswith("forensics"):
         cmd = "forensics " + cmd
+    group = exc.ctx.command if exc.ctx is not None else None
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())) and isinstance(group, click.Group):
+        text = f"{cmd} needs a command: {', '.join(sorted(group.commands))}"  # click's message is the whole help
     return f"forensics: error: {text} (see `{cmd} --help`)"
 
 

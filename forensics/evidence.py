@@ -10,6 +10,7 @@ before it, not a Python step per line.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import polars as pl
 
@@ -36,7 +37,7 @@ def read_lines(path: Path | str, line_nos: list[int]) -> pl.DataFrame:
         raise InputError(f"cannot read {p}: the log is not there any more (moved or deleted since ingest)",
                          path=str(p), hint="run from the folder you ingested from, or ingest the log again")
     want = pl.Series("line_no", sorted(set(line_nos)), dtype=pl.Int64)
-    parts, last = [], int(want.max()) if want.len() else 0
+    parts, last = [], cast(int, want.max()) if want.len() else 0  # an Int64 series
     for chunk in iter_chunks(p):
         lo = chunk.first_line_no
         mine = want.filter((want >= lo) & (want < lo + chunk.n_lines))

@@ -12,7 +12,7 @@ Library only: no click, no altair.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import polars as pl
 
@@ -144,7 +144,7 @@ def cut_by_cap(cap: int) -> pl.Expr:
 
 
 def _whatif(df: pl.DataFrame, caps: list[int], rec: int, stage: str | None) -> list[dict[str, object]]:
-    out = []
+    out: list[dict[str, object]] = []
     gen = df["gen_tokens"].cast(pl.Float64)
     for c in caps:
         over = (gen - c).clip(lower_bound=0)
@@ -219,14 +219,16 @@ def _cap_warnings(df: pl.DataFrame, normal: pl.DataFrame, rec: int, no_cap_attem
         warnings.append(f"the logs show no output cap (n_predict unset or -1 everywhere) and {runaways} "
                         f"runaway(s): set max_tokens / n_predict to {rec}")
     biggest = df.filter(pl.col("runaway"))["gen_tokens"]
-    if runaways and rec >= int(biggest.min()):  # type: ignore[arg-type]
-        warnings.append(f"cap {rec} does not stop every runaway (the smallest generated {biggest.min()} tokens)")
+    smallest = cast("int | None", biggest.min())  # an Int64 column: None when no runaway
+    if runaways and smallest is not None and rec >= smallest:
+        warnings.append(f"cap {rec} does not stop every runaway (the smallest generated {smallest} tokens)")
     p95 = normal["prompt_tokens"].drop_nulls()
     ctx = df["ctx_slot"].drop_nulls()
     if p95.len() and ctx.len():
         need = math.ceil(float(p95.quantile(0.95, interpolation="linear"))) + rec  # type: ignore[arg-type]
-        if int(ctx.min()) < need:  # type: ignore[arg-type]
-            warnings.append(f"a slot's context ({ctx.min()} tokens) cannot hold a normal prompt (p95 "
+        smallest_ctx = cast(int, ctx.min())  # an Int64 column, not empty here
+        if smallest_ctx < need:
+            warnings.append(f"a slot's context ({smallest_ctx} tokens) cannot hold a normal prompt (p95 "
                             f"{need - rec} tokens) plus the cap {rec}: raise -c or lower -np")
     return warnings
 

@@ -427,7 +427,8 @@ class Ingestor:
         elif fmt_name is None:
             pre = None
             fmt_name = detect_format(path)
-        if fmt_name is None and self.mapping is not None and not self.loaded_mapping.has_globs:
+        if fmt_name is None and self.mapping is not None and self.loaded_mapping is not None \
+                and not self.loaded_mapping.has_globs:
             self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
@@ -539,7 +540,7 @@ class Ingestor:
         return strip_exts(path.name)
 
     def _instance_facts(self, ev: pl.DataFrame, fmt: Format) -> pl.DataFrame:
-        cols = {"build": pl.Int64, "commit": pl.String, "model": pl.String, "n_ctx": pl.Int64, "n_slots": pl.Int64,
+        cols: dict[str, pl.DataType | type[pl.DataType]] = {"build": pl.Int64, "commit": pl.String, "model": pl.String, "n_ctx": pl.Int64, "n_slots": pl.Int64,
                 "n_ctx_slot": pl.Int64, "n_ctx_train": pl.Int64, "host": pl.String, "port": pl.Int64,
                 "n_seq_max": pl.Int64, "slot": pl.Int64, "elapsed_s": pl.Float64,
                 "abs_time": pl.Datetime("us", "UTC"), "error": pl.String}
@@ -650,6 +651,8 @@ class Ingestor:
 
     def _record_file(self, file: FileState) -> None:
         """The file's row in the files table, and what the next ingest needs of it in the manifest."""
+        if file.run is None:  # every file is given its run before it is read
+            raise InternalError(f"{file.path}: recorded without its run")
         row = {**file.row(), "ingested_at": datetime.now(timezone.utc)}
         self.txn.write("files", schema.conform(pl.DataFrame([row]), "files"), run=file.run, name=f"{file.file_id}-file")
         self.files_meta[file.file_id] = file.to_json()
@@ -725,7 +728,7 @@ class LogParse:
         last: Any = None
         # Requests are assembled a batch of chunks at a time: every polars call this thread makes waits for
         # a pool thread the workers keep busy, so fewer, larger calls keep the workers fed.
-        batches = self._batches(pool) if pool is not None else [[self._typed(self.pre.chunk, self.pre.result)]]
+        batches = [[self._typed(self.pre.chunk, self.pre.result)]] if self.pre is not None else self._batches(pool)
         for batch in batches:
             evs = [self.tail] if self.tail.height else []
             for chunk, res, ev in batch:

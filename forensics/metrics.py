@@ -277,8 +277,8 @@ def one_knee(fit: Fit | None, m_knee: float | None, xs: list[float], gain: list[
     lo, hi = xs[at - 1], xs[at]
     g = gain[at]
     if g is not None and g >= KNEE_GAIN:  # the runs' own step disagrees with the model: say both
-        later = "; ".join(f"{_fmt_x(xs[i - 1])} to {_fmt_x(xs[i])} {gain[i] * 100:.0f} %"
-                          for i in range(at + 1, len(xs)) if gain[i] is not None)
+        later = "; ".join(f"{_fmt_x(xs[i - 1])} to {_fmt_x(xs[i])} {gi * 100:.0f} %"
+                          for i in range(at + 1, len(xs)) if (gi := gain[i]) is not None)
         return lo, (lo, hi), (f"{_fitted(fit, label)}: the fitted model puts the knee between {label} {_fmt_x(lo)} "
                               f"and {_fmt_x(hi)}, but measured, the step from {_fmt_x(lo)} to {_fmt_x(hi)} still "
                               f"added {g * 100:.0f} % throughput per {unit}" + (f" (then {later})" if later else "")

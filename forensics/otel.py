@@ -122,14 +122,14 @@ def _finding_rows(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
     """The findings that become span events, from their own rules (findings.py and failovers.sql)."""
     from forensics import findings
 
-    report = findings.dead_slot_report(store, runs)  # type: ignore[arg-type]
+    report = findings.dead_slot_report(store, runs)
     dead = report.slots.join(report.sequence, on=["run", "instance", "slot"], how="inner", suffix="_seq")
     con = _replay_con(store)
     try:
         failovers = fetch_pl(con, load_query("failovers").text, {"runs": runs})
     finally:
         con.close()
-    return {"dead": dead, "runaways": findings.find_runaways(store, runs), "failovers": failovers}  # type: ignore[arg-type]
+    return {"dead": dead, "runaways": findings.find_runaways(store, runs), "failovers": failovers}
 
 
 # ---------------------------------------------------------------------------------------------- spans

@@ -112,12 +112,12 @@ def analyze(text: str | None, rule: DegenerateRule = DEFAULT_RULE) -> Repetition
     covered = period * repeats
     coverage = covered / len(text) if text else 0.0
     tokens = WORD.findall(text)
-    d = [distinct_n(tokens, k) for k in (1, 2, 3)]
+    d1, d2, d3 = (distinct_n(tokens, k) for k in (1, 2, 3))
     looping = (period >= rule.min_block and repeats >= rule.min_repeats and covered >= rule.min_chars
                and coverage >= rule.min_coverage)
-    flat = len(tokens) >= rule.min_words and d[2] is not None and d[2] < rule.max_distinct3
+    flat = len(tokens) >= rule.min_words and d3 is not None and d3 < rule.max_distinct3
     block = text[len(text) - period:] if period else ""
-    return Repetition(period, repeats, block[:80], round(coverage, 4), *d, degenerate=bool(looping or flat))
+    return Repetition(period, repeats, block[:80], round(coverage, 4), d1, d2, d3, degenerate=bool(looping or flat))
 
 
 REPETITION_SCHEMA = {

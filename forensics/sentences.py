@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from forensics.lazy import LazyModule
 from forensics.timefmt import seconds, spoken
@@ -250,7 +250,7 @@ def runaway(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     failed = f", and the server ended {'it' if mine.height == 1 else 'them'} with an error ({ended[0]})" \
         if ended else ""
     sentence = (f"{plural(mine.height, 'output')} {why} ({span(toks.min(), toks.max())} tokens where normal "
-                f"responses stay under {normal.max()}){failed}.")
+                f"responses stay under {cast(int, normal.max())}){failed}.")  # an Int64 column's maximum
     ctx.tell(mine)
     return [Fact("runaway", sentence, ctx.loc.of(mine), {"runaways": mine.height, "tokens_min": toks.min(),
                                                           "tokens_max": toks.max()})]
@@ -351,7 +351,7 @@ def kv_stall(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
             f"from {spoken(first).removeprefix('at ')}"
         stretches = f"in {g.height} stretches with nothing released (the longest {count(longest['lines'])} lines, " \
             f"{where})" if g.height > 1 else f"with nothing released ({where})"
-        n_req = int(g["requests"].max())
+        n_req = cast(int, g["requests"].max())  # an integer count of a non-empty group
         failed = int(g["failed"].sum())
         during = f", while {'up to ' if g.height > 1 else ''}{plural(n_req, 'request')} " \
                  f"{'was' if n_req == 1 else 'were'} in flight" + (f" ({failed} failed)" if failed else "") \
@@ -396,7 +396,8 @@ def failover(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         how = " and ".join(_outcome(o, n) for o, n in g["outcome"].fill_null("failed").value_counts(sort=True).rows())
         waited = g["waited_s"].drop_nulls()
         total = f", {seconds(float(waited.sum()))} in all" if waited.len() > 1 else ""
-        after = f" (after {span(f'{waited.min():.1f}', f'{waited.max():.1f}')} s{total})" if waited.len() else ""
+        lo, hi = cast(float, waited.min()), cast(float, waited.max())  # seconds, a Float64 column
+        after = f" (after {span(f'{lo:.1f}', f'{hi:.1f}')} s{total})" if waited.len() else ""
         over = g.filter(pl.col("failed_over"))
         moves = [f"{names(sorted({f'{i}/{st}' for i, st in part.select('item', 'stage').iter_rows()}), limit=4)} "
                  f"failed over to `{dst}`" for (dst,), part in over.group_by(["next_server"], maintain_order=True)]
@@ -425,7 +426,8 @@ def cost(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     lost, the tokens spent on runaways (said only when something went wrong)."""
     if not any(f.severity == FINDING for f in ctx.facts):
         return []
-    parts, fields = [], {}
+    parts: list[str] = []
+    fields: dict[str, Any] = {}
     if rows.height:
         r = rows.row(0, named=True)
         run_s, need_s = r["run_s"], r["needed_s"]

@@ -251,7 +251,7 @@ class Analysis:
               directory: object = None) -> pl.DataFrame:
         """The named query ``name`` over the session, its ``$parameters`` bound from the thresholds and the
         session (``$runs``, ``$has_matches``)."""
-        q = load_query(name, directory)  # type: ignore[arg-type]
+        q = load_query(name, directory)
         values: dict[str, object] = {**asdict(th), "runs": self.runs if runs is None else runs,
                                      "has_matches": self.has_matches}
         missing = sorted(q.params - set(values))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics import schema
-from forensics.errors import QueryError, StoreError
+from forensics.errors import InternalError, QueryError, StoreError
 
 if TYPE_CHECKING:
     from forensics.store import Store
@@ -351,7 +351,8 @@ def _to_polars(frame: Any) -> pl.DataFrame:
     """A Spark frame's rows as polars, decimals as doubles (DuckDB's type for the same arithmetic)."""
     table = frame.toArrow()
     out = pl.from_arrow(table)
-    assert isinstance(out, pl.DataFrame)
+    if not isinstance(out, pl.DataFrame):  # from_arrow of a table is a frame; a series would be a bug here
+        raise InternalError(f"Spark's Arrow result read as {type(out).__name__}, not a table")
     decimals = [c for c, t in out.schema.items() if isinstance(t, pl.Decimal)]
     return out.with_columns(pl.col(decimals).cast(pl.Float64)) if decimals else out
 

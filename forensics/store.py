@@ -80,7 +80,7 @@ def sql_strings(values: list[str]) -> str:
 def view_names(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The views a connection has (a store's tables it bound, and any a caller added)."""
     if not isinstance(con, duckdb.DuckDBPyConnection):  # another engine's connection knows its own
-        return con.view_names()  # type: ignore[no-any-return]
+        return con.view_names()
     return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
@@ -132,9 +132,10 @@ class Transaction:
         while len(self._pending) >= 3:
             self._pending.pop(0).result()
         # events are most of what an ingest writes: LZ4 costs a quarter less CPU than zstd for them
+        level: dict[str, Any] = {} if table == "events" else {"compression_level": 1}
         self._pending.append(self._writer.submit(
-            df.write_parquet, path, compression="lz4" if table == "events" else "zstd",
-            **({} if table == "events" else {"compression_level": 1}), statistics=table != "events"))
+            df.write_parquet, path, compression="lz4" if table == "events" else "zstd", **level,
+            statistics=table != "events"))
 
     def flush(self) -> None:
         """Wait until every staged part is on disk (raises the first write error)."""
@@ -178,13 +179,18 @@ def _is_detached(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"detached"}
 
 
+def refuse_a_file(root: Path) -> None:
+    """A store is a folder: a file given as one is an input error, before anything is written beside it."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root} is a file, not a store folder", hint="pass --store DIR with a folder path")
+
+
 class Store:
     """A forensics store on disk."""
 
     def __init__(self, root: Path | str, *, create: bool = False) -> None:
         self.root = Path(root)
-        if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"{self.root} is a file, not a store folder", hint="pass --store DIR with a folder path")
+        refuse_a_file(self.root)
         if not (self.root / MANIFEST).exists():
             if not create:
                 raise StoreError(f"no store at {self.root}", hint="run `forensics ingest PATH` first, or pass --store DIR")
@@ -315,9 +321,9 @@ class Store:
         own_removed = {rel for t, rels in txn.removes.items() for rel in rels if rel not in packed.get(t, set())}
         for table, rels in txn.removes.items():
             manifest["parts"][table] = [p for p in manifest["parts"].get(table, []) if p not in rels]
-        for table, rels in txn.adds.items():
-            manifest["parts"].setdefault(table, []).extend(rels)
-        renames, dead_meta = list(txn.staged), set()
+        for table, added in txn.adds.items():
+            manifest["parts"].setdefault(table, []).extend(added)
+        renames, dead_meta = list(txn.staged), set[str]()
         for key, value in txn.meta_updates.items():
             old = manifest["meta"].get(key)
             if _is_detached(old):
@@ -433,7 +439,7 @@ class Store:
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
         if self.engine is not None:
-            return self.engine.connect(self, tables=tables, existing_only=existing_only)  # type: ignore[no-any-return]
+            return self.engine.connect(self, tables=tables, existing_only=existing_only)
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         # Parts never change once committed: a query that scans a table again (a finding reads several)

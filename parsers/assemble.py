@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -67,6 +68,11 @@ class _Segmenting:
     start_slot: np.ndarray  # the slot of a request's start line (NaN elsewhere)
     start_task: np.ndarray
 
+    def rows(self, idx: np.ndarray) -> _Segmenting:
+        """The same arrays at rows ``idx``."""
+        return _Segmenting(self.bound[idx], self.active[idx], None if self.elapsed is None else self.elapsed[idx],
+                           self.start_slot[idx], self.start_task[idx])
+
 
 ERROR_LEVELS = ("E", "ERR", "ERROR", "F", "FATAL", "CRIT", "CRITICAL")
 
@@ -121,8 +127,7 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        mine = _Segmenting(*(None if a is None else a[idx] for a in (lines.bound, lines.active, lines.elapsed,
-                                                                       lines.start_slot, lines.start_task)))
+        mine = lines.rows(idx)
         brk = _process_breaks(mine, st)
         brk |= _task_id_breaks(mine, brk, st)
         if st.instance_no == 0:
@@ -219,7 +224,7 @@ def _process_breaks(lines: _Segmenting, st: KeyState) -> np.ndarray:
     for i in np.flatnonzero(lines.bound | clock):
         if clock[i] or was_active or done[i] > done[seg_from]:
             brk[i] = True
-            seg_from, was_active = i, False
+            seg_from, was_active = int(i), False
     return brk
 
 
@@ -556,7 +561,7 @@ def waiting_tail(ev: pl.DataFrame, fmt: Format, state: AssembleState, limit: int
     return int(takers[0])
 
 
-def _col(ev: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
+def _col(ev: pl.DataFrame, name: str, dtype: pl.DataType | type[pl.DataType]) -> pl.Expr:
     return pl.col(name) if name in ev.columns else pl.lit(None, dtype=dtype).alias(name)
 
 
@@ -566,7 +571,7 @@ def _first(kind: str | tuple[str, ...], col: str) -> pl.Expr:
 
 
 # The event columns a chunk's requests are aggregated from (absent ones are added as nulls).
-REQUEST_FIELDS = {
+REQUEST_FIELDS: dict[str, pl.DataType | type[pl.DataType]] = {
     "slot": pl.Int64, "task": pl.Int64, "elapsed_s": pl.Float64, "abs_time": pl.Datetime("us", "UTC"),
     "prompt_tokens": pl.Int64, "p0": pl.Int64, "n_ctx_slot": pl.Int64, "ms": pl.Float64,
     "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
@@ -913,7 +918,7 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
         ep_dt = epoch_to_dt(val)
         stated = pl.concat([own, iso_z.filter(kind == "iso"), ep_dt.filter(kind == "epoch")]).drop_nulls()
         if len(stated):  # a year the text states beats the file's modification time
-            reference, reference_is_start = stated.max(), False
+            reference, reference_is_start = cast(datetime, stated.max()), False  # a Datetime column
         sys_dt = _syslog_times(val.filter(kind == "syslog"), reference, tz, reference_is_start)
         sys_full = pl.Series([None] * ev.height, dtype=pl.Datetime("us", "UTC")).scatter(
             (kind == "syslog").arg_true(), sys_dt) if len(sys_dt) else pl.Series([None] * ev.height,
@@ -1051,7 +1056,7 @@ class RequestBuilder:
         if final_all:
             loose = loose.head(0)
         elif loose.height:  # errors with no slot (handler-level): kept a while in case the slot line is late
-            loose = loose.filter(pl.col("line_first") >= last_line - self.hold)
+            loose = loose.filter(pl.col("line_first") >= (last_line or 0) - self.hold)
         self.open = pl.concat([still, loose], how="diagonal_relaxed") if loose.height else still
         if final.height == 0:
             return final

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import regex
 
-from forensics.errors import InternalError
+from parsers.errors import InternalError
 from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
 
 SMALL_INPUT = 4096  # rows: at most this many, _match gates each kind's prefilter on the joined text
@@ -279,7 +279,8 @@ def elapsed_seconds(s: pl.Series) -> pl.Series:
     return ((v // 100_000_000) * 60 + (v % 100_000_000) / 1e6).alias("elapsed_s")
 
 
-def _when(mask: pl.Series | np.ndarray, then: pl.Series, otherwise: pl.Series | None = None) -> pl.Series:
+def _when(mask: pl.Series | np.ndarray, then: pl.Series | pl.Expr, otherwise: pl.Series | pl.Expr | None = None
+          ) -> pl.Series:
     m = mask if isinstance(mask, pl.Series) else pl.Series(mask)
     expr = pl.when(m).then(then)
     return pl.select(expr.otherwise(otherwise) if otherwise is not None else expr).to_series()
@@ -546,7 +547,7 @@ class Engine:
         fields_seen: dict[str, None] = {"elapsed": None, "level": None}
         for k in self.kinds:
             fields_seen.update(dict.fromkeys(k.fields))
-        self._field_rank = {f: i for i, f in enumerate(fields_seen)}
+        self._field_rank: dict[str, int] = {f: i for i, f in enumerate(fields_seen)}
         self._is_multi = np.array([k.multiline for k in self.kinds] + [False])
         self._is_skip = np.array([k.skip for k in self.kinds] + [False])
         # the first pass reads lines as they are: kinds that could match a line with a wrapper still on it wait
@@ -584,6 +585,10 @@ class Engine:
         hot = sorted((i for i in range(len(self.kinds)) if self._hoistable[i] and counts[i] * 50 >= n),
                      key=lambda i: -counts[i])
         self.order = (*hot, *(i for i in range(len(self.kinds)) if i not in hot))
+
+    def _column_rank(self, column: str) -> tuple[int, str]:
+        """Events' columns in the order the kinds declare their fields, whatever order they were tried in."""
+        return self._field_rank.get(column, 1 << 20), column
 
     def classify(self, raw: pl.Series, first_line_no: int, carry: Carry,
                  order: tuple[int, ...] | None = None) -> ChunkResult:
@@ -855,11 +860,12 @@ class Engine:
 
     def _events(self, pieces: list[pl.DataFrame], line_no: pl.Series, cols: dict[str, pl.Series]) -> pl.DataFrame:
         """One row per claimed line: line number, frame and wrapper columns, kind, typed fields."""
-        events = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
+        events: pl.DataFrame = pl.concat(pieces, how="diagonal_relaxed") if pieces else pl.DataFrame(
             {"__row": pl.Series([], dtype=pl.Int64), "kind": pl.Series([], dtype=kind_dtype()),
              "role": pl.Series([], dtype=role_dtype())})
         # the same columns in the same order whatever order the kinds were tried in
-        events = events.select(sorted(events.columns, key=lambda c: (self._field_rank.get(c, 1 << 20), c)))
+        order = sorted(events.columns, key=self._column_rank)  # inferred apart from select's many argument types
+        events = events.select(order)
         events = events.sort("__row")
         rows = events["__row"].to_numpy()
         base = {"line_no": line_no.gather(rows)}

@@ -14,12 +14,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import polars as pl
 
-from forensics.errors import InputError
+from parsers.errors import InputError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,6 +90,7 @@ class Decompressing(io.RawIOBase):
         self._new()
 
     def _new(self) -> None:
+        self.dec: Any  # zlib's or zstandard's decompressor: decompress(), unused_data, eof
         if self.kind == "gzip":
             self.dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
         else:
@@ -116,7 +117,7 @@ class Decompressing(io.RawIOBase):
                     if rest:  # concatenated members / frames
                         self._new()
                     block = rest
-            except (zlib.error, *_zstd_errors()) as exc:
+            except _damaged() as exc:
                 self.truncated, self.problem = True, f"compressed stream is damaged ({exc})"
                 self._eof = True
 
@@ -135,10 +136,11 @@ class Decompressing(io.RawIOBase):
         super().close()
 
 
-def _zstd_errors() -> tuple[type[Exception], ...]:
+def _damaged() -> tuple[type[Exception], ...]:
+    """What a damaged gzip or zstd stream raises."""
     import zstandard
 
-    return (zstandard.ZstdError,)
+    return (zlib.error, zstandard.ZstdError)
 
 
 def open_binary(path: Path) -> io.RawIOBase:
@@ -214,7 +216,7 @@ def _to_series(block: bytes, nl: np.ndarray) -> pl.Series:
     import pyarrow as pa  # only for a large block: importing it costs 0.15 s
 
     arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), pa.py_buffer(block)])
-    return pl.Series("line", _CArray(arr), dtype=pl.String)
+    return pl.Series("line", cast(Any, _CArray(arr)), dtype=pl.String)  # an Arrow C array exporter, as polars reads
 
 
 class _CArray:
@@ -316,7 +318,7 @@ def iter_chunks(path: Path, *, start_offset: int = 0, start_line_no: int = 0,
     state.line_no = line_no
 
 
-def _skip(fh: io.BufferedIOBase, n: int) -> None:
+def _skip(fh: io.RawIOBase, n: int) -> None:
     while n > 0:
         block = fh.read(min(n, 8 * 1024 * 1024))
         if not block:

@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from forensics.errors import FormatDefinitionError
+from parsers.errors import FormatDefinitionError
 
 FORMATS_DIR = Path(__file__).parent / "formats"
 FIELD_TYPES = {"int", "float", "str", "bool"}

@@ -1,39 +1,48 @@
-"""The layers of docs/architecture.md hold: no module imports a layer above its own, and the core never imports
-click or altair.  Every import is read with ``ast``, at the top of a module and inside its functions."""
+"""The layers of docs/architecture.md hold, and every module imports on its own (no circles).
+
+import-linter enforces the layers: the contracts in pyproject.toml (``[tool.importlinter]``), run by ``make lint``
+and by the first test here.  The rest checks what a contract cannot say: that every module is placed in a layer
+(a new module is not silently let through), and where the three package ``__init__`` modules that sit below some
+of their own modules stand."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import grimp
+import pytest
 
 from tests.conftest import ROOT
 
-# Bottom to top; a module may import its own layer and the layers below.  A name covers the module and, for a
-# package, everything under it, unless a longer name places a submodule elsewhere.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("errors", ("forensics.errors",)),
-    ("formats and lines", ("parsers.spec", "parsers.reader")),
-    ("engine", ("parsers.engine",)),
-    ("assemble", ("parsers.assemble", "parsers")),
-    ("store", ("forensics", "forensics.store", "forensics.schema", "forensics.paths", "forensics.vocab",
-               "forensics.sql", "forensics.compact", "forensics.check", "forensics.fleet", "forensics.spark")),
-    ("intake", ("forensics.ingest", "forensics.duplicates", "forensics.replay", "forensics.generate")),
-    ("analysis", ("forensics.findings", "forensics.repetition", "forensics.metrics", "forensics.verdict",
-                  "forensics.compare", "forensics.evidence", "forensics.runs", "forensics.replay.tables",
-                  "forensics.session", "forensics.thresholds", "forensics.registry", "forensics.sentences", "forensics.sweep",
-                  "forensics.planning")),
-    ("outputs", ("forensics.charts", "forensics.report", "forensics.render", "forensics.demo", "forensics.docs",
-                 "forensics.watch", "forensics.otel", "forensics.planning.charts", "forensics.planning.section")),
-    ("interface", ("forensics.cli", "forensics.commands", "forensics.__main__")),
-]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
-# Imports that break the rule today, each to be removed by moving code; the test fails when one disappears, so
-# this list only shrinks.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
+PROJECT = ("forensics", "parsers")
+CONTRACTS: list[dict] = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+    "tool"]["importlinter"]["contracts"]
 
-# Only these may import the CLI framework and the chart library (and its renderer).
-UI_LIBRARIES = ("click", "altair", "vl_convert")
-UI_MODULES = ("forensics.cli", "forensics.commands", "forensics.charts", "forensics.report", "forensics.planning.charts")
+
+def _layers() -> list[tuple[str, ...]]:
+    """The layers contract's layers, bottom first, each as its module names."""
+    (contract,) = [c for c in CONTRACTS if c["type"] == "layers"]
+    return [tuple(name.strip() for name in layer.replace("|", ":").split(":")) for layer in reversed(contract["layers"])]
+
+
+LAYERS = _layers()
+
+# A layer of the contract holds a package with everything under it, so these packages, whose own __init__ sits
+# below some of their modules, are listed module by module there; each __init__ stands with the module named here.
+PACKAGE_INITS = {
+    "forensics": "forensics.store",  # open_store, the public entry point of the store
+    "forensics.replay": "forensics.replay.intake",  # replay.tables below it is analysis
+    "forensics.planning": "forensics.planning.costmodel",  # planning.charts and planning.section are outputs
+}
 
 
 def _module_name(path: Path) -> str:
@@ -41,85 +50,162 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES: dict[str, Path] = {_module_name(p): p for top in ("forensics", "parsers")
-                            for p in sorted((ROOT / top).rglob("*.py"))}
+MODULES: dict[str, Path] = {_module_name(p): p for top in PROJECT for p in sorted((ROOT / top).rglob("*.py"))}
 
 
-def _covers(name: str, module: str) -> bool:
-    return module == name or module.startswith(name + ".")
+def placed(module: str) -> int | None:
+    """The index (bottom first) of the layer that names ``module`` or a package above it; None when none does:
+    there is no fallback, a module nobody placed is in no layer."""
+    module = PACKAGE_INITS.get(module, module)
+    for index, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return index
+    return None
 
 
 def layer_of(module: str) -> int:
-    """The layer of the longest name that covers ``module``."""
-    best = max(((len(name), index) for index, (_, names) in enumerate(LAYERS)
-                for name in names if _covers(name, module)), default=None)
-    assert best is not None, f"{module} is in no layer: add it to LAYERS and to docs/architecture.md"
-    return best[1]
+    index = placed(module)
+    if index is None:
+        raise AssertionError(f"{module} is in no layer: add it to [tool.importlinter] and docs/architecture.md")
+    return index
 
 
-def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    base = package[: len(package) - node.level + 1]
-    return ".".join(base + ([node.module] if node.module else []))
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd), "COLUMNS": "300"}
+    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
+                           "--no-cache", "--no-logo"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
-def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
-    """Every module ``source`` imports anywhere (top level, functions, branches); ``from pkg import sub`` names
-    ``pkg.sub`` when that is a module of the project."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            source_module = _absolute(module, is_package, node)
-            for alias in node.names:
-                sub = f"{source_module}.{alias.name}"
-                found.add(sub if sub in MODULES else source_module)
-    return found
+def test_import_linter_keeps_every_contract() -> None:
+    proc = _lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in proc.stdout
 
 
-def imports_of(module: str) -> set[str]:
-    path = MODULES[module]
-    return imports_in(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+def test_every_module_is_in_a_layer() -> None:
+    assert len(MODULES) > 80
+    unplaced = sorted(m for m in MODULES if placed(m) is None)
+    assert not unplaced, f"in no layer: {unplaced}; add each to [tool.importlinter] and docs/architecture.md"
+    assert placed("forensics.not_a_module") is None  # the package forensics places nothing by itself
+    assert placed("forensics.replay.not_a_module") is None
+    assert placed("parsers.not_a_module") is None
 
 
-def _project_imports(module: str) -> set[str]:
-    return {name for name in imports_of(module) if name.split(".")[0] in ("forensics", "parsers")}
+def test_the_layers_are_in_the_documented_order() -> None:
+    order = ["parsers.errors", "parsers.spec", "parsers.engine", "parsers.assemble", "forensics.store",
+             "forensics.ingest", "forensics.findings", "forensics.report", "forensics.cli"]
+    assert layer_of("forensics.errors") == layer_of("forensics.store")  # the rest of the hierarchy
+    assert [layer_of(m) for m in order] == list(range(len(order)))
+    assert layer_of("forensics.replay.tables") > layer_of("forensics.replay") > layer_of("forensics")
+    assert layer_of("forensics.planning.charts") > layer_of("forensics.planning")
 
 
-def upward_imports() -> set[tuple[str, str]]:
-    return {(module, target) for module in MODULES for target in _project_imports(module)
-            if layer_of(target) > layer_of(module)}
+def test_package_inits_stand_in_their_layer() -> None:
+    """What the contract cannot see: a package __init__ that is in no layer of its own."""
+    graph = grimp.build_graph(*PROJECT)
+    wrong = []
+    for init in PACKAGE_INITS:
+        below = {m for m in graph.find_modules_directly_imported_by(init) if m in MODULES}
+        above = {m for m in graph.find_modules_that_directly_import(init) if m in MODULES}
+        wrong += [f"{init} imports {m}" for m in below if layer_of(m) > layer_of(init)]
+        wrong += [f"{m} imports {init}" for m in above if layer_of(m) < layer_of(init)]
+    assert not wrong, "a layer imports one above it (see docs/architecture.md):\n" + "\n".join(sorted(wrong))
+    assert "forensics.paths" in graph.find_modules_directly_imported_by("forensics")  # the graph is the real one
 
 
-def test_every_module_has_a_layer() -> None:
-    assert len(MODULES) > 50
-    for module in MODULES:
-        layer_of(module)
+def test_the_contracts_catch_upward_imports_anywhere(tmp_path: Path) -> None:
+    for top in PROJECT:
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    plant = {
+        "parsers/spec.py": "def _planted():\n    import forensics.cli\n",  # inside a function
+        "forensics/replay/join.py": "def _planted():\n    from . import tables\n",  # relative, intake -> analysis
+        "forensics/verdict.py": "def _planted():\n    import click\n",
+        "forensics/commands/check.py": "from forensics import cli\n",
+    }
+    for path, source in plant.items():
+        with (tmp_path / path).open("a", encoding="utf-8") as f:
+            f.write("\n\n" + source)
+    proc = _lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for broken in ("parsers.spec -> forensics.cli", "forensics.replay.join -> forensics.replay.tables",
+                   "forensics.verdict -> click", "forensics.commands.check -> forensics.cli"):
+        assert broken in proc.stdout, broken
+    assert f"Contracts: 0 kept, {len(CONTRACTS)} broken." in proc.stdout
 
 
-def test_no_module_imports_a_layer_above_its_own() -> None:
-    found = upward_imports()
-    new = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-                 for m, t in found - KNOWN_VIOLATIONS)
-    assert not new, "a layer imports one above it (see docs/architecture.md):\n" + "\n".join(new)
-    assert found >= KNOWN_VIOLATIONS, f"fixed, remove from KNOWN_VIOLATIONS: {sorted(KNOWN_VIOLATIONS - found)}"
+# Imports each module named on the command line in turn, with every module of the project dropped from
+# sys.modules first: each import is the first of the project in that interpreter (a circle shows as in a fresh
+# `python -c "import X"`), while the libraries (polars, duckdb, altair) load once.  Prints one line per failure.
+ALONE = """
+import importlib, sys
+tops = sys.argv[1].split(",")
+for name in sys.argv[2:]:
+    for loaded in [m for m in sys.modules if m.split(".")[0] in tops]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+"""
 
 
-def test_the_core_never_imports_click_or_altair() -> None:
-    for module in MODULES:
-        if any(_covers(name, module) for name in UI_MODULES):
-            continue
-        used = {name.split(".")[0] for name in imports_of(module)} & set(UI_LIBRARIES)
-        assert not used, f"{module} imports {sorted(used)}: only {', '.join(UI_MODULES)} may"
+def imported_alone(modules: list[str], *, cwd: Path = ROOT, tops: tuple[str, ...] = PROJECT,
+                   processes: int = 2) -> list[str]:
+    """The failures of importing each module on its own, in ``processes`` interpreters side by side."""
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    chunks = [modules[i::processes] for i in range(processes)]
+    procs = [subprocess.Popen([sys.executable, "-c", ALONE, ",".join(tops), *chunk], cwd=cwd, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for chunk in chunks if chunk]
+    failures = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        failures += out.splitlines()
+    return failures
 
 
-def test_the_check_sees_imports_inside_functions_and_relative_ones() -> None:
-    source = "import json\n\ndef f():\n    from forensics import charts\n    from ..store import Store\n"
-    assert imports_in(source, "forensics.replay.tables") == {"json", "forensics.charts", "forensics.store"}
-    assert imports_in("from . import join\n", "forensics.replay", is_package=True) == {"forensics.replay.join"}
-    assert "forensics.replay.identity" in imports_of("forensics.runs")  # imported inside a function there
-    assert layer_of("forensics.replay.tables") > layer_of("forensics.replay.join") > layer_of("forensics.store")
-    assert layer_of("parsers.assemble") > layer_of("parsers.engine") > layer_of("parsers.spec")
+def test_every_module_imports_on_its_own() -> None:
+    """No circles: ``python -c "import X"`` works for every X (about 6 CPU-seconds for all, not 40 for one
+    interpreter each)."""
+    assert imported_alone(sorted(MODULES)) == []
+
+
+def test_the_import_check_sees_a_circle_whatever_came_before(tmp_path: Path) -> None:
+    pkg = tmp_path / "circle"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from circle import b\nX = 1\n")
+    (pkg / "b.py").write_text("from circle.a import X\n")
+    # b alone works (a finds b half-made in sys.modules); a alone fails, even right after b loaded both
+    assert imported_alone(["circle.b", "circle.a"], cwd=tmp_path, tops=("circle",), processes=1) == [
+        "circle.a: ImportError: cannot import name 'X' from partially initialized module 'circle.a' "
+        "(most likely due to a circular import) (" + str(pkg / "a.py") + ")"]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("parsers.")))
+def test_the_parsers_load_nothing_of_forensics(module: str) -> None:
+    code = (f"import sys, {module}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'forensics'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_parsers_errors_are_the_projects_errors() -> None:
+    import forensics.errors
+    import parsers.errors
+
+    for name in ("ExitCode", "ForensicsError", "FormatDefinitionError", "InputError", "InternalError", "BUG_HINT"):
+        assert getattr(forensics.errors, name) is getattr(parsers.errors, name), name
+    assert issubclass(forensics.errors.UnknownFormatError, parsers.errors.InputError)
+    err = parsers.errors.InputError("cannot open: No such file", path="a.log", line=3, hint="check the path")
+    assert str(err) == "a.log:3: cannot open: No such file (check the path)"
+    assert err.exit_code == 2
+    bug = forensics.errors.InternalError(ValueError("bad\nsecond line"))
+    assert bug.one_line() == f"internal error: ValueError: bad ({forensics.errors.BUG_HINT})"
+    assert forensics.errors.InternalError(KeyError()).message == "internal error: KeyError"
+    assert parsers.errors.InternalError("3 parsed + 1 skipped != 5 lines").message == (
+        "internal error: 3 parsed + 1 skipped != 5 lines")
+    assert bug.exit_code == 3

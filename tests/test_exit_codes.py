@@ -84,7 +84,39 @@ def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: py
 
 COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"],
             ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"], ["verdict"],
-            ["compare"], ["compact"], ["watch"], ["demo"]]
+            ["compare"], ["compact"], ["watch"], ["demo"], ["whatif"], ["recommend"], ["export", "otel"],
+            ["mapping", "init"]]
+
+
+def test_the_commands_tried_are_every_command() -> None:
+    assert sorted(c[0] for c in COMMANDS) == sorted(cli.commands)
+
+
+# What each command needs besides --store to reach the store (a file given as the store folder).
+TO_THE_STORE: dict[str, list[str]] = {
+    "sql": ["select 1"], "chart": ["throughput", "-o", "c.html"], "compare": ["a", "b"], "whatif": ["r1"],
+    "ingest": [str(LOG)], "watch": [str(LOG), "--once"], "export": ["otel", "-o", "t.json"],
+}
+# The commands that have no store, and one bad input of each.
+NO_STORE: dict[str, tuple[list[str], str]] = {
+    "generate": (["--seed", "x", "out"], "Invalid value for '--seed': 'x' is not a valid integer. "
+                                         "(see `forensics generate --help`)"),
+    "demo": (["--out", str(LOG)], f"{LOG} is a file (pass --out with a folder path)"),
+    "mapping": ([], "forensics mapping needs a command: init (see `forensics mapping --help`)"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
+def test_every_command_answers_bad_input_with_exit_2_and_exactly_one_line(command: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # what a command might write lands here
+    if command in NO_STORE:
+        args, line = NO_STORE[command]
+        assert run(command, *args) == (2, "", f"forensics: error: {line}\n")
+    else:
+        assert run(command, *TO_THE_STORE.get(command, []), "--store", str(LOG)) == (
+            2, "", f"forensics: error: {LOG} is a file, not a store folder (pass --store DIR with a folder path)\n")
+    assert list(tmp_path.iterdir()) == []
 WORDS = ["r1", "nope", "--format", "json", "csv", "table", "xml", "--by", "np", "-o", "--fail-on", "any",
          "--max-run", "20m", "--max-request", "-5", "abc", "--margin", "-1", "timeline", "select", "1/0",
          "--quantile", "2", "--run", "", "--keep-going", "--mapping", "vllm-bench", "--tz", "Mars/Base",

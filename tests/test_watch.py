@@ -69,6 +69,19 @@ class Watch:
             time.sleep(0.1)
         raise AssertionError(f"no {text!r} on stderr:\n" + (self.tmp / "stderr.txt").read_text())
 
+    def wait_cycles(self, n: int, timeout: float = 40.0) -> None:
+        """Until watch has ended ``n`` more cycles: each one ends by renaming a new files.json over the last
+        (another inode than the one before it; the file system may hand an inode out again later)."""
+        state = self.tmp / "store" / "watch" / "files.json"
+        last, ended = state.stat().st_ino, 0
+        deadline = time.monotonic() + timeout
+        while ended < n:
+            assert time.monotonic() < deadline, f"watch ended {ended} of {n} cycles in {timeout} s"
+            assert self.proc.poll() is None, (self.tmp / "stderr.txt").read_text()
+            time.sleep(0.02)
+            inode = state.stat().st_ino  # os.replace: the name never goes missing
+            ended, last = ended + (inode != last), inode
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGINT)
         rc = self.proc.wait(timeout=60)
@@ -132,7 +145,7 @@ def test_every_finding_once_in_order_through_growth_rotation_crash_restart_and_t
         log.write_text("".join(L.banner() + L.normal_requests() + L.request(0, 5000, 40.0, 200, 3000)),
                        encoding="utf-8")
         w.wait_for(10)
-        time.sleep(2.0)  # nothing more may come
+        w.wait_cycles(2)  # a whole cycle after the one that raised the last alert: nothing more may come
     finally:
         rc = w.stop()
     got = w.received()

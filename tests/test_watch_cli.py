@@ -94,9 +94,7 @@ def test_one_watch_per_store_and_bad_options_in_one_line(tmp_path: Path) -> None
     first = subprocess.Popen([sys.executable, "-m", "forensics", "watch", "logs", "--store", "st"], cwd=tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "st" / "watch" / "files.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until((tmp_path / "st" / "watch" / "files.json").exists, 60)  # the first watch holds the store
         second = forensics("watch", "logs", "--once", "--store", "st", cwd=tmp_path)
         assert second.returncode == 2
         assert second.stderr.splitlines() == [

@@ -60,7 +60,7 @@ def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-class LazyChoice(click.Choice):  # type: ignore[type-arg]
+class LazyChoice(click.Choice):
     """A choice whose values are worked out when its own command needs them (its help, its value), not when the
     command is built: the format names, the generator's scenarios and wrappers come from modules that
     `forensics --help` need not load."""
@@ -70,8 +70,8 @@ class LazyChoice(click.Choice):  # type: ignore[type-arg]
         self._choices: tuple[str, ...] | None = None
         self.case_sensitive = case_sensitive
 
-    @property  # type: ignore[override]
-    def choices(self) -> tuple[str, ...]:
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]  # click's is a plain attribute; this one loads late
         if self._choices is None:
             self._choices = tuple(self._load())
         return self._choices
@@ -125,7 +125,11 @@ def resolve_store(path: Path | None) -> Path:
     if engine != "duckdb" and _meta().get("forensics.engine_given"):  # $FORENSICS_ENGINE is for the readers
         raise StoreError(f"this command does not run on --engine {engine}: it reads files and writes one store",
                          hint="drop --engine (or FORENSICS_ENGINE) for it; the commands that read the store take it")
-    return path if path is not None else default_store_path()
+    from forensics.store import refuse_a_file
+
+    store = path if path is not None else default_store_path()
+    refuse_a_file(store)  # watch writes its state under the store before it opens it
+    return store
 
 
 def open_store(path: Path | None) -> Any:

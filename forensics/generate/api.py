@@ -72,14 +72,15 @@ def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.E
     for r in sim.requests:
         srv = sim.servers[r.server]
         l0 = srv.launch_us
+        t_launch, t_pdone, t_end = r.times()
         cancel_t = r.cancel_t
         timed = r.cancel_kind is None and r.error_kind is None
         recs.append({
             "server": r.server, "run": r.run, "item": r.item, "stage": r.stage, "attempt": r.attempt,
-            "slot": r.slot, "task": r.task, "seq": r.seq, "t_launch": r.t_launch - l0, "t_pdone": r.t_pdone - l0,
-            "t_end": r.t_end - l0, "cancel_t": None if cancel_t is None else cancel_t - l0,
-            "t_gend": (cancel_t if cancel_t is not None else r.t_end) - l0,
-            "t_resp": r.t_end - l0 + 700, "prompt": r.prompt, "prompt_logged": r.prompt_logged, "cached": r.cached,
+            "slot": r.slot, "task": r.task, "seq": r.seq, "t_launch": t_launch - l0, "t_pdone": t_pdone - l0,
+            "t_end": t_end - l0, "cancel_t": None if cancel_t is None else cancel_t - l0,
+            "t_gend": (cancel_t if cancel_t is not None else t_end) - l0,
+            "t_resp": t_end - l0 + 700, "prompt": r.prompt, "prompt_logged": r.prompt_logged, "cached": r.cached,
             "eval": r.prompt_logged - r.cached, "gen": r.gen, "stop_reason": r.stop_reason, "truncated": r.truncated,
             "n_past_end": r.n_past_end, "prev_n_past": r.prev_n_past,
             "t_last_prev": -1 if r.t_last_prev < 0 else r.t_last_prev - l0, "idle_after": r.idle_after,
@@ -92,7 +93,7 @@ def _request_frame(sim: SimResult, sc: Scenario, paths: dict[str, str], era: W.E
             "runaway": r.runaway, "dead_slot": r.dead_mode is not None, "context_error": r.context_error,
             "cancel_kind": r.cancel_kind, "parse_error": r.parse_error, "path": paths[r.server],
         })
-    schema = {"shift_j": pl.List(pl.Int64), "shift_left": pl.List(pl.Int64), "shift_disc": pl.List(pl.Int64),
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {"shift_j": pl.List(pl.Int64), "shift_left": pl.List(pl.Int64), "shift_disc": pl.List(pl.Int64),
               "cancel_t": pl.Int64, "error_kind": pl.String, "error": pl.String, "http_status": pl.Int64,
               "cancel_kind": pl.String}
     df = pl.DataFrame(recs, schema_overrides=schema, infer_schema_length=None)
@@ -309,7 +310,7 @@ def _plan(scenario: Scenario, logs_dir: Path, era: W.Era, wrapper: str, seed: in
 
 
 def _open(plan: _Plan, truth_path: Path) -> _Sink:
-    handles = {}
+    handles: dict[str, BinaryIO] = {}
     for spec in plan.scenario.servers:
         p = plan.logs_dir / plan.paths[spec.name]
         p.parent.mkdir(parents=True, exist_ok=True)

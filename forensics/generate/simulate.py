@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from forensics.errors import InternalError
 from forensics.generate.model import Run, Scenario, Server
 
 # builds where behaviour changed (see the log format catalog, §10)
@@ -72,6 +73,12 @@ class Req:
     idle_after: bool = False
     graphs_reused: int = 0
     ctx_train_limited: bool = False
+
+    def times(self) -> tuple[int, int, int]:
+        """(t_launch, t_pdone, t_end) in µs, set once a slot has served the request to its end."""
+        if self.t_launch is None or self.t_pdone is None or self.t_end is None:
+            raise InternalError(f"request {self.seq} of run {self.run!r} was recorded before it was served")
+        return self.t_launch, self.t_pdone, self.t_end
 
 
 @dataclass
@@ -407,9 +414,9 @@ class _RunClient:
             "stop_type": ({"context": "limit"}.get(r.stop_reason, r.stop_reason) if has_timings else None),
             "truncated": r.truncated if has_timings else None,
             "prompt_n": (r.prompt_logged - r.cached) if has_timings else None,
-            "prompt_ms": ((r.t_pdone - r.t_launch) / 1000.0) if has_timings else None,
+            "prompt_ms": ((r.times()[1] - r.times()[0]) / 1000.0) if has_timings else None,
             "predicted_n": r.gen if has_timings else None,
-            "predicted_ms": ((r.t_end - r.t_pdone) / 1000.0) if has_timings else None,
+            "predicted_ms": ((r.times()[2] - r.times()[1]) / 1000.0) if has_timings else None,
             "output_chars": int(r.gen * 3.7) if has_timings else None,
             "max_tokens": r.max_tokens,
         })

@@ -26,7 +26,7 @@ def _values(df: pl.DataFrame) -> alt.Data:
     return alt.Data(values=df.to_dicts())
 
 
-def _panel(rec: Recommendation, figures: tuple[str, ...], title: str, budgets: tuple[str, ...]) -> alt.LayerChart:
+def _panel(rec: Recommendation, figures: tuple[str, ...], title: str, budgets: tuple[str, ...]) -> alt.LayerChart | alt.FacetChart:
     curve = rec.curve.filter(pl.col("figure").is_in(figures)).with_columns(
         pl.col("figure").replace_strict(FIGURE_NAMES, default=pl.col("figure")).alias("what"))
     x = alt.X("np:Q", title="np (parallel slots)", axis=alt.Axis(tickMinStep=1, format="d"), scale=alt.Scale(zero=False))

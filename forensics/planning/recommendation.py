@@ -79,7 +79,7 @@ class Recommendation:
     np: int | None  # the recommended np; None when no candidate meets the budgets
     cap: int | None
     budgets: dict[str, float]
-    rests_on: list[str]  # the runs the model was fitted on
+    rests_on: tuple[str, ...]  # the runs the model was fitted on
     sentence: str
     details: list[str] = field(default_factory=list)  # why the other candidates fail
     notes: list[str] = field(default_factory=list)

@@ -250,8 +250,8 @@ class _Harness:
                 if self.stage[i] > int(self.stage.min()):
                     self.heads.remove(i)
                     self.gated.setdefault(int(self.stage[i]), []).append(i)
-            for i in np.nonzero(has & (self.stage != self.stage[np.maximum(self.prev, 0)]))[0]:
-                self.succ[self.prev[i]] = -1  # a later stage's first attempt waits for its whole stage, not its item
+            for first in np.nonzero(has & (self.stage != self.stage[np.maximum(self.prev, 0)]))[0]:
+                self.succ[self.prev[first]] = -1  # a later stage's first attempt waits for its whole stage, not its item
                 self.gated.setdefault(int(self.stage[i]), []).append(int(i))
 
     def start(self, push: PushFn) -> None:

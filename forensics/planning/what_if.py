@@ -11,7 +11,7 @@ run time's band in seconds.  At the run's own np its run time with the cap is it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -252,7 +252,7 @@ def sentences(res: WhatIf, own_np: int, sim: simulate.Simulated) -> list[str]:
     at = f"at np {res.np}" + (f" (it ran at np {own_np})" if res.np != own_np else "") + \
         (f" with output cap {res.cap}" if res.cap is not None else "")
     out = [f"{res.run} {at}: run time {fig('run_s')}, request latency p50 {fig('latency_p50_s')}, "
-           f"p95 {fig('latency_p95_s')}, max {fig('latency_max_s')}; peak {int(res.busy['busy'].max() or 0)} "
+           f"p95 {fig('latency_p95_s')}, max {fig('latency_max_s')}; peak {int(cast(int, res.busy['busy'].max()) or 0)} "
            f"slots busy."]
     if res.cap is not None:
         out.append(cap_sentence(res))

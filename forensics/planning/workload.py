@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -156,9 +156,9 @@ def infer_policy(jobs: pl.DataFrame, concurrency: int) -> str:
     succ = jobs.filter(pl.col("prev") >= 0)
     if succ.height == 0:
         return "chain"
-    typical = float(jobs["latency_s"].median() or 0.0)
+    typical = float(cast(float, jobs["latency_s"].median()) or 0.0)  # seconds, a Float64 column
     small = (succ["lag_s"] <= SMALL_LAG_S + 0.05 * typical).mean()
-    return "chain" if small is not None and float(small) >= CHAIN_SHARE else "fifo"
+    return "chain" if small is not None and float(cast(float, small)) >= CHAIN_SHARE else "fifo"  # a share of rows
 
 
 def _harness(jobs: pl.DataFrame, concurrency: int, np_: int, source: str) -> Harness:
@@ -166,7 +166,7 @@ def _harness(jobs: pl.DataFrame, concurrency: int, np_: int, source: str) -> Har
     policy = infer_policy(jobs, concurrency)
     lags = jobs.filter(pl.col("prev") >= 0)["lag_s"]
     since = _since_free(send, end)
-    gap = float(lags.median()) if policy == "chain" and lags.len() else \
+    gap = float(cast(float, lags.median())) if policy == "chain" and lags.len() else \
         float(np.nanmedian(since)) if np.any(~np.isnan(since)) else 0.0
     overhead = 0.0
     if source == "records":
@@ -200,7 +200,7 @@ def _targets(rows: pl.DataFrame, runaways: pl.DataFrame | None) -> pl.Expr:
     any other (a slow slot, say) at least its stage's usual output (the median of the stage's answered requests)."""
     done = rows.filter(~pl.col("outcome").is_in(GAVE_UP) & pl.col("gen_tokens").is_not_null())
     usual = dict(done.group_by("stage").agg(pl.col("gen_tokens").median()).iter_rows())
-    fallback = float(done["gen_tokens"].median() or 0.0) if done.height else 0.0
+    fallback = float(cast(float, done["gen_tokens"].median()) or 0.0) if done.height else 0.0  # an Int64 median
     usual_expr = pl.col("stage").replace_strict(usual, default=fallback, return_dtype=pl.Float64) if usual else \
         pl.lit(fallback)
     room = pl.col("n_ctx_slot") - pl.col("prompt_tokens")

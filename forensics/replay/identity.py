@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.errors import NotFoundError
+from forensics.errors import InternalError, NotFoundError
 from forensics.replay.records import RawRecord
 
 
@@ -94,7 +94,8 @@ def check_run(store: Any, run: str | None, *, need: str, command: str) -> RunChe
             out.notes.append(f"run {run!r} is stored as {targets[0]!r} (its records were tied to that run)")
         else:
             return out  # unknown: the command names the known runs
-    assert out.run is not None
+    if out.run is None:  # set above from a run the caller named, or from its one alias
+        raise InternalError(f"run {run!r} resolved to no run")
     if need in ("requests", "log") and out.run not in have[need] and out.run in have["records"]:
         raise NotFoundError(f"run {out.run!r} has replay records but no {NEEDS[need]}: {command} reads the server "
                             "log", hint="ingest the run's llama-server log with its records (same folder, or "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics.errors import ForensicsError, MappingError, RecordError
+from forensics.errors import ForensicsError, InternalError, MappingError, RecordError
 from forensics.paths import file_stem
 from forensics.replay.clock import manifest_starts, resolve
 from forensics.replay.identity import tie_runs
@@ -132,12 +132,15 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
     try:
         if f.kind != "mapped":
             return FileOutcome(f"records:{f.kind}"), canonical_raw(f.path, f.kind)
-        assert f.mapping is not None
+        if f.mapping is None:
+            raise InternalError(f"{f.path}: classified as a mapped record file without its mapping")
         mapped = apply(f.mapping, f.path, by_content=f.named)
     except ForeignFile as exc:
         if f.named:  # the user asked for this file: say why it was not read
             return FileOutcome("records:?", error=exc), []
         return FileOutcome("other", skipped=True, message=f"not read: {exc.message}"), []
+    except InternalError:
+        raise  # a bug, not a problem of this file
     except ForensicsError as exc:
         return FileOutcome("records:?", error=exc), []
     attempts = sum(r.kind in ("attempt", "invalid") for r in mapped.records)

@@ -63,7 +63,7 @@ def _json(text: Any) -> Any:
 
 def _listed(runs: pl.DataFrame) -> pl.DataFrame:
     """(run, item, stage) the manifests list (one row per run; a manifest's lists are short)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run, stage_items in runs.select("run", "stage_items").iter_rows() if runs.height else []:
         for stage, items in (_json(stage_items) or {}).items():
             rows.extend({"run": run, "item": str(i), "stage": str(stage)} for i in items or [])
@@ -72,7 +72,7 @@ def _listed(runs: pl.DataFrame) -> pl.DataFrame:
 
 def _unsent(runs: pl.DataFrame, attempts: pl.DataFrame, universe: pl.DataFrame) -> pl.DataFrame:
     """Items of a manifest's universe that no stage has, expected in the run's first stage."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in runs.select("run", "items", "stages", "stage_items").iter_rows(named=True) if runs.height else []:
         items = _json(r["items"]) or []
         have = set(universe.filter(pl.col("run") == r["run"])["item"].to_list())

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import polars as pl
@@ -65,6 +65,10 @@ def _secs(dt: datetime | None) -> float | None:
     return (dt - EPOCH).total_seconds()
 
 
+@overload
+def _dt(s: float) -> datetime: ...
+@overload
+def _dt(s: float | None) -> datetime | None: ...
 def _dt(s: float | None) -> datetime | None:
     if s is None:
         return None
@@ -292,9 +296,9 @@ def _anchor(reqs: pl.DataFrame, inst_by_key: dict[InstKey, dict[str, Any]], laun
         anchors.notes.append(f"{k[1]}: elapsed times anchored at {_dt(off).isoformat().replace('+00:00', 'Z')} by {how}")
     if not anchors.offsets:
         return reqs, anchors
-    off = pl.DataFrame([(k[0], k[1], o) for k, o in anchors.offsets.items()],
-                       schema={"krun": pl.String, "kinst": pl.String, "_off": pl.Float64}, orient="row")
-    reqs = reqs.join(off, on=KEY, how="left").sort("_idx").with_columns(
+    offsets = pl.DataFrame([(k[0], k[1], o) for k, o in anchors.offsets.items()],
+                           schema={"krun": pl.String, "kinst": pl.String, "_off": pl.Float64}, orient="row")
+    reqs = reqs.join(offsets, on=KEY, how="left").sort("_idx").with_columns(
         pl.coalesce("t0", pl.col("_off") + pl.col("e0")).alias("t0"),
         pl.coalesce("t1", pl.col("_off") + pl.col("e1")).alias("t1")).drop("_off")
     return reqs, anchors
@@ -414,7 +418,7 @@ def _assign(pairs: pl.DataFrame) -> pl.DataFrame:
     one step (every attempt picks under the guess) is exact up to and including the first attempt whose
     pick differs from the guess: those picks are final, the rest start again from a new guess.  A guess
     that reproduces itself is the answer; a good guess settles a run in a step or two."""
-    final = []
+    final: list[pl.DataFrame] = []
     live = pairs
     guess = _guess(live, _step(live, pairs.select("_idx", "rank").clear()))
     while True:

@@ -23,7 +23,7 @@ from typing import Any
 
 import regex
 
-from forensics.errors import MappingError
+from forensics.errors import InternalError, MappingError
 from forensics.paths import file_stem
 from forensics.replay import mapsql
 from forensics.replay.clock import MANIFEST, Relative
@@ -219,11 +219,11 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         if not isinstance(where, str):
             raise MappingError(f"[{name}] where must be a SQL expression string", path=src)
         _check_sql(where, f"[{name}] where", src)
-    key = raw.get("key")
-    if key is not None and (layout != "keyed_rows" or not isinstance(key, str)):
+    key_column = raw.get("key")
+    if key_column is not None and (layout != "keyed_rows" or not isinstance(key_column, str)):
         raise MappingError(f"[{name}] key names a column, and only with layout = \"keyed_rows\"", path=src)
     return Section(paths_t, layout, tuple(specs), _globs(raw.get("files"), name, src), where,
-                   _anchors(raw.get("anchor"), name, src), key)
+                   _anchors(raw.get("anchor"), name, src), key_column)
 
 
 def _globs(files: Any, name: str, src: str) -> tuple[str, ...]:
@@ -383,7 +383,7 @@ class _Row:
     doc: Any = None  # the JSON document it is in (``$doc.`` paths read from it)
 
 
-class _Parallel(dict):  # type: ignore[type-arg]
+class _Parallel(dict):
     """Row i of a parallel-arrays layout: the named arrays give their i-th value, other fields broadcast."""
 
     def __init__(self, root: Any, row: dict[str, Any]) -> None:
@@ -647,7 +647,7 @@ def _expressions(section: Section, rows: list[_Row], df: DataFile, mapping: Mapp
     if not exprs and section.where is None:
         return None
     data = df.path
-    specials = {"$index": [r.index for r in rows], "$number": [r.index + 1 for r in rows],
+    specials: dict[str, list[Any]] = {"$index": [r.index for r in rows], "$number": [r.index + 1 for r in rows],
                 "$source": [r.source for r in rows], "$line": [r.line for r in rows],
                 "$stem": [file_stem(data.name)] * len(rows), "$name": [data.name] * len(rows),
                 "$parent": [data.resolve().parent.name] * len(rows)}
@@ -734,8 +734,9 @@ def _time(spec: FieldSpec, value: Any) -> Any:
     if unit in ("epoch_ns", "epoch_us") and isinstance(value, int):  # exact: a float loses the microseconds
         micros = value // 1000 if unit == "epoch_ns" else value
         return (EPOCH + timedelta(microseconds=micros)).isoformat().replace("+00:00", "Z")
-    if unit != "iso":
-        return datetime.fromtimestamp(value * TIME_UNITS[unit], tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    scale = TIME_UNITS[unit]
+    if scale is not None:  # every unit but iso
+        return datetime.fromtimestamp(value * scale, tz=timezone.utc).isoformat().replace("+00:00", "Z")
     return value
 
 
@@ -1007,7 +1008,8 @@ def _anchor_values(sec: Section, rows: list[_Row], data: Path, ev: mapsql.Evalua
             if a == MANIFEST:
                 out.setdefault(g, []).append(MANIFEST)
                 continue
-            assert isinstance(a, FieldSpec)
+            if not isinstance(a, FieldSpec):  # an anchor is the manifest or a field, as parsed
+                raise InternalError(f"anchor {a!r} of the section at {sec.paths} is neither a field nor the manifest")
             computed = {"anchor": ev.values[f"$anchor{i}"]} if ev is not None and a.sql else None
             for row in (r for r in rows if r.group == g):
                 t = _convert(a, "time", _value(a, row, data, computed))

@@ -82,7 +82,7 @@ def field_refs(expr: str) -> tuple[Path_, ...]:
         text = con.execute("SELECT json_serialize_sql($q)", {"q": f"SELECT {expr}"}).fetchone()
     finally:
         con.close()
-    tree = json.loads(text[0]) if text else {"error": True, "error_message": "no result"}
+    tree: dict[str, Any] = json.loads(text[0]) if text else {"error": True, "error_message": "no result"}
     if tree.get("error"):
         raise ExpressionError(str(tree.get("error_message", "not valid SQL")).splitlines()[0])
     stmts = tree.get("statements", [])

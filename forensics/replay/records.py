@@ -144,20 +144,22 @@ def _fast_check(kind: str) -> Any:
 def _error_field(err: jsonschema.ValidationError) -> str:
     parts = [str(p) for p in err.absolute_path]
     if err.validator == "required" and isinstance(err.instance, dict):
-        missing = [r for r in err.validator_value if r not in err.instance]
+        required: Any = err.validator_value  # the stubs allow Unset: a "required" error always sets it
+        missing = [r for r in required if r not in err.instance]
         if missing:
             parts.append(missing[0])
     return ".".join(parts) or "(record)"
 
 
 def _error_message(err: jsonschema.ValidationError) -> str:
+    value: Any = err.validator_value  # the stubs allow Unset: these validators always set it
     if err.validator == "required":
         return "missing required field"
     if err.validator == "enum":
-        allowed = ", ".join(str(v) for v in err.validator_value)
+        allowed = ", ".join(str(v) for v in value)
         return f"{err.instance!r} is not one of {allowed} (map other status names with a mapping file)"
     if err.validator == "type":
-        want = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
+        want = value if isinstance(value, str) else " or ".join(value)
         return f"{err.instance!r} is not of type {want}"
     return err.message
 

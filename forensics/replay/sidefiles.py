@@ -208,7 +208,7 @@ def _slot_row(s: dict[str, Any]) -> dict[str, Any]:
     list of them; the cap in ``params.n_predict`` (2025+) or ``n_predict`` (2024)."""
     nxt = s.get("next_token")
     nxt = (nxt[0] if nxt else {}) if isinstance(nxt, list) else (nxt or {})
-    params = s.get("params") if isinstance(s.get("params"), dict) else {}
+    params: dict[str, Any] = s["params"] if isinstance(s.get("params"), dict) else {}
     busy = s.get("is_processing")
     if busy is None and s.get("state") is not None:
         busy = s.get("state") == 1

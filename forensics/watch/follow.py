@@ -88,7 +88,7 @@ class Follower:
         self.new_epochs: set[str] = set()  # lineages started during this watch
 
     def files(self) -> list[Path]:
-        found = []
+        found: list[Path] = []
         for p in self.paths:
             if not p.exists():
                 continue
@@ -233,7 +233,7 @@ class LineIndex:
             with open_binary(p) as fh:
                 if offset:
                     fh.seek(offset)
-                for no, raw in enumerate(fh, start=start_line + 1):  # type: ignore[arg-type]
+                for no, raw in enumerate(fh, start=start_line + 1):
                     if no in wanted:
                         out.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
                     if no >= last:

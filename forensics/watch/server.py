@@ -66,7 +66,8 @@ def parse_slots(payload: Any) -> list[SlotView]:
         nxt = nxt if isinstance(nxt, dict) else {}
         processing = bool(obj["is_processing"]) if "is_processing" in obj else _int(obj.get("state")) == 1
         task = _int(obj.get("id_task", obj.get("task_id")))
-        out.append(SlotView(slot=_int(obj.get("id")) if _int(obj.get("id")) is not None else i,
+        slot = _int(obj.get("id"))
+        out.append(SlotView(slot=slot if slot is not None else i,
                             task=None if task is None or task < 0 else task, processing=processing,
                             n_decoded=_int(nxt.get("n_decoded")), n_ctx=_int(obj.get("n_ctx")),
                             n_prompt=_int(obj.get("n_prompt_tokens"))))
