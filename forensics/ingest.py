@@ -221,9 +221,10 @@ def run_of(path: Path, run: str | None, root: Path | None) -> str:
 
 
 def instance_name(label: str) -> pl.Expr:
-    """An instance's id from ``ikey``/``instance_no``: the file label, ``:port`` for a router child, ``#N`` for
-    the Nth server start in the file."""
-    port = pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String)).otherwise(pl.lit(""))
+    """An instance's id from ``ikey``/``instance_no``: the file label, ``:port`` for a router child, ``@N`` for the
+    Nth of several servers writing into the log untagged at once (key -N), ``#N`` for the Nth server start."""
+    port = (pl.when(pl.col("ikey") >= 0).then(pl.lit(":") + pl.col("ikey").cast(pl.String))
+            .when(pl.col("ikey") < -1).then(pl.lit("@") + (-pl.col("ikey")).cast(pl.String)).otherwise(pl.lit("")))
     restart = pl.when(pl.col("instance_no") > 1).then(pl.lit("#") + pl.col("instance_no").cast(pl.String)) \
         .otherwise(pl.lit(""))
     return pl.lit(label) + port + restart

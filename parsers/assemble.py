@@ -27,6 +27,14 @@ class Roles:
     def __call__(self, *roles: str) -> tuple[str, ...]:
         return self.fmt.with_role(*roles)
 
+    def block_end(self) -> tuple[str, ...]:
+        """The timing lines that say their request has ended: a block's total line, or a text block's
+        generation line (printed with the block once the request ended; the text may cut the total after it).
+        A prompt-eval line alone does not (2026 builds print it once the prompt is done), nor a record's
+        generation line without the block's total record (a record is often pasted cut short)."""
+        return tuple(k.name for k in self.fmt.kinds
+                     if k.role == "timing_total" or (k.role == "timing_eval" and k.frame == "text"))
+
 
 # Lines that open a request of their own with no slot or task logged (role synth_start: era 1's
 # `llama_print_timings` block, one context, one request per block): slot 0, task = the line number (a join
@@ -35,8 +43,10 @@ class Roles:
 @dataclass
 class KeyState:
     instance_no: int = 0
-    prev_startup: bool = True
+    active: bool = False  # the current instance served a request or ended: a banner line now starts the next
     prev_elapsed: float | None = None
+    min_task: int | None = None  # the lowest task id the current instance started
+    slot_start: dict[str, int] = field(default_factory=dict)  # the current instance's latest started task per slot
     slot_task: dict[str, int] = field(default_factory=dict)  # latest started task per slot (era 2 lines)
     hdr: dict[str, list[int]] = field(default_factory=dict)  # latest [slot, task] per inherit header kind
     running: dict[str, int] = field(default_factory=dict)  # latest task seen on each slot ("instance/slot")
@@ -47,48 +57,212 @@ class AssembleState:
     keys: dict[int, KeyState] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Segmenting:
+    """One key's lines as the instance rule reads them (numpy arrays over the key's rows, in line order)."""
+
+    bound: np.ndarray  # a start-up banner line (``boundary`` kinds)
+    active: np.ndarray  # the process did more than start up: a request's line, an HTTP line, an end or a crash
+    elapsed: np.ndarray | None  # the elapsed clock (NaN where the line has none)
+    start_slot: np.ndarray  # the slot of a request's start line (NaN elsewhere)
+    start_task: np.ndarray
+
+
+ERROR_LEVELS = ("E", "ERR", "ERROR", "F", "FATAL", "CRIT", "CRITICAL")
+
+
+def derive_facts(ev: pl.DataFrame) -> pl.DataFrame:
+    """The facts a person works out from a line's own fields, each worked out here only:
+
+    * a progress line's ``n_decoded + n_remaining`` is the request's output cap (``n_remaining = -1``: no cap);
+    * a metrics task's idle plus processing slots are the instance's slot count;
+    * a line that states a failure in words (role ``failure``) is an error unless it carries a level, and then
+      its level decides (the server's own judgement: era 5 prints ``W decode: failed to find a memory slot``).
+    """
+    out = []
+    if {"gen_tokens", "n_remaining"} <= set(ev.columns):
+        cap = pl.when(pl.col("n_remaining") == -1).then(-1).otherwise(pl.col("gen_tokens") + pl.col("n_remaining"))
+        out.append((pl.coalesce("n_predict", cap) if "n_predict" in ev.columns else cap).alias("n_predict"))
+    if {"n_idle_slots", "n_processing_slots"} <= set(ev.columns):
+        busy = pl.col("n_idle_slots") + pl.col("n_processing_slots")
+        out.append((pl.coalesce("n_slots", busy) if "n_slots" in ev.columns else busy).alias("n_slots"))
+    if "role" in ev.columns:
+        levels = [c for c in ("level", "json_level") if c in ev.columns]
+        level = pl.coalesce(*levels).cast(pl.String).str.to_uppercase() if levels else pl.lit(None, dtype=pl.String)
+        stated = (pl.col("role") == "failure") & (level.is_null() | level.is_in(ERROR_LEVELS))
+        out.append(pl.when(stated).then(pl.lit("error").cast(ev.schema["role"])).otherwise(pl.col("role"))
+                   .alias("role"))
+    return ev.with_columns(out) if out else ev
+
+
 def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.DataFrame:
-    """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk."""
+    """Add ``ikey`` (router port or -1) and ``instance_no`` to the events of one chunk.
+
+    The derived facts (``derive_facts``) are worked out first, so every event written has them.  A new server
+    process (instance segment) starts at the first start-up banner line after the current one
+    served a request or ended (a shutdown, a fatal argument error, a crash), where the elapsed clock starts
+    again near zero, or where task ids come back (``_task_id_breaks``).  Lines before a process's first banner
+    line (device probes, a download) are its own: nothing before the banner served a request.
+    """
     if ev.height == 0:
         return ev.with_columns(pl.lit(-1, dtype=pl.Int64).alias("ikey"), pl.lit(1, dtype=pl.Int64).alias("instance_no"))
-    startup = {k.name for k in fmt.kinds if k.startup}
-    boundary = {k.name for k in fmt.kinds if k.boundary}
+    ev = derive_facts(ev)
     if "router_port" in ev.columns:
         ikey = ev["router_port"].str.strip_chars().cast(pl.Int64, strict=False).fill_null(-1)
     else:
         ikey = pl.Series([-1] * ev.height, dtype=pl.Int64)
-    ev = ev.with_columns(ikey.alias("ikey"))
-    is_start = ev["kind"].is_in(list(startup)).to_numpy()
-    is_bound = ev["kind"].is_in(list(boundary)).to_numpy()
-    elapsed = ev["elapsed_s"].to_numpy() if "elapsed_s" in ev.columns else None
+    if "diff_old" in ev.columns and "quote" in ev.columns:  # a diff of two logs: its `> ` side is the second log
+        ikey = pl.select(pl.when(ev["quote"].is_not_null() & (ikey == -1)).then(-2).otherwise(ikey)).to_series()
+    ev = ev.drop([c for c in ("quote", "diff_old") if c in ev.columns])  # only what the wrapper says of the line
+    ev = ev.with_columns(_parallel_streams(ev, ikey).alias("ikey"))
+    lines = _segmenting(ev, fmt)
     keys = ev["ikey"].to_numpy()
     inst = np.zeros(ev.height, dtype=np.int64)
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        prev_start = np.empty(len(idx), dtype=bool)
-        prev_start[0] = st.prev_startup
-        prev_start[1:] = is_start[idx[:-1]]
-        brk = is_bound[idx] & ~prev_start
-        if elapsed is not None:
-            e = elapsed[idx].astype(float)
-            prev_e = np.empty(len(idx))
-            prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
-            prev_e[1:] = e[:-1]
-            prev_e = pd_ffill(prev_e)
-            # a new process's clock starts again near zero (a log whose lines are out of order is not a restart)
-            brk |= (np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0) & (np.nan_to_num(e, nan=np.inf) < 120)
-            valid = e[~np.isnan(e)]
-            if len(valid):
-                st.prev_elapsed = float(valid[-1])
+        mine = _Segmenting(*(None if a is None else a[idx] for a in (lines.bound, lines.active, lines.elapsed,
+                                                                       lines.start_slot, lines.start_task)))
+        brk = _process_breaks(mine, st)
+        brk |= _task_id_breaks(mine, brk, st)
         if st.instance_no == 0:
             st.instance_no = 1
             brk[0] = False
         counts = st.instance_no + np.cumsum(brk)
         inst[idx] = counts
         st.instance_no = int(counts[-1])
-        st.prev_startup = bool(is_start[idx[-1]])
+        last = np.flatnonzero(brk)
+        st.active = bool(mine.active[last[-1] if len(last) else 0:].any()) or (st.active and not len(last))
     return ev.with_columns(pl.Series("instance_no", inst))
+
+
+def _task_goes_down(ev: pl.DataFrame, ikey: pl.Series) -> bool:
+    """Whether any slot's task id ever goes down from one line to the next (never, in one server's log without a
+    restart): the cheap test before ``_parallel_streams`` looks closer."""
+    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey}).filter(
+        (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
+    return bool(lines.select((pl.col("task").diff().over("slot") < 0).any()).item())
+
+
+def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
+    """Two servers writing into one log with no tag to tell them apart (ollama 2026 copies each model's server
+    into its own journal under one pid): a slot cannot run two tasks at once, so where two tasks' lines alternate
+    on one slot (each comes back after the other, neither released in between), the tasks whose spans on the slot
+    overlap belong to different servers.  The first server keeps its key; the tasks of the k-th get key -1 - k (instances of their own).  Only
+    lines without a router tag, within one chunk."""
+    if "slot" not in ev.columns or "task" not in ev.columns or not _task_goes_down(ev, ikey):
+        return ikey
+    lines = pl.DataFrame({"_i": np.arange(ev.height), "ikey": ikey, "slot": ev["slot"], "task": ev["task"],
+                          "_rel": ev["role"] == "release"}).filter(
+        (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
+    if lines.height < 4:
+        return ikey
+    # a task's lines after its own release are a later process's (a restart, a log pasted twice), not a parallel one
+    lines = lines.filter(pl.col("_rel").cast(pl.Int8).cum_sum().shift(1, fill_value=0).over("slot", "task") == 0)
+    runs = lines.with_columns((pl.col("task") != pl.col("task").shift(1).over("slot")).fill_null(True)
+                              .cum_sum().over("slot").alias("_run"))
+    per_task = runs.group_by("slot", "task").agg(pl.col("_run").n_unique().alias("_runs"), pl.col("_i").min()
+                                                   .alias("_from"), pl.col("_i").max().alias("_to"))
+    mixed = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    if mixed.is_empty():
+        return ikey
+    colours = []
+    for slot in mixed.to_list():  # interval colouring of the few alternating slots' tasks
+        ends: list[int] = []  # the last line of each stream's latest task on this slot
+        for task, first, last in per_task.filter(pl.col("slot") == slot).sort("_from").select(
+                "task", "_from", "_to").iter_rows():
+            k = next((k for k, end in enumerate(ends) if end < first), len(ends))
+            ends[k:k + 1] = [last]
+            colours.append((slot, task, k))
+    streams = pl.DataFrame(colours, schema={"slot": lines.schema["slot"], "task": lines.schema["task"],
+                                            "_k": pl.Int64}, orient="row")
+    moved = runs.join(streams.filter(pl.col("_k") > 0), on=["slot", "task"])
+    return ikey.scatter(moved["_i"].to_numpy(), (-1 - moved["_k"]).to_numpy())
+
+
+def _segmenting(ev: pl.DataFrame, fmt: Format) -> _Segmenting:
+    kind = ev["kind"]
+    startup = kind.is_in([k.name for k in fmt.kinds if k.startup]).to_numpy()
+    ended = kind.is_in([k.name for k in fmt.kinds if k.ends] + list(fmt.with_role("crash"))).to_numpy()
+    http = kind.is_in(list(fmt.with_role("http", "proxy_http"))).to_numpy()
+    task = ev["task"].fill_null(-1).to_numpy() if "task" in ev.columns else np.full(ev.height, -1)
+    slot = ev["slot"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "slot" in ev.columns else np.full(ev.height, np.nan)
+    is_start = kind.is_in(list(fmt.with_role("start"))).to_numpy() & (task >= 0) & ~np.isnan(slot)
+    return _Segmenting(
+        bound=kind.is_in([k.name for k in fmt.kinds if k.boundary]).to_numpy(),
+        active=ended | http | ((task >= 0) & ~startup),
+        elapsed=ev["elapsed_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "elapsed_s" in ev.columns else None,
+        start_slot=np.where(is_start, slot, np.nan),
+        start_task=np.where(is_start, task, -1),
+    )
+
+
+def _process_breaks(lines: _Segmenting, st: KeyState) -> np.ndarray:
+    """Where a new process starts within one key's lines: the elapsed clock starting again near zero (a log whose
+    lines are out of order is not a restart), or the first banner line after the current process was active."""
+    n = len(lines.bound)
+    clock = np.zeros(n, dtype=bool)
+    if lines.elapsed is not None:
+        e = lines.elapsed
+        prev_e = np.empty(n)
+        prev_e[0] = st.prev_elapsed if st.prev_elapsed is not None else np.nan
+        prev_e[1:] = e[:-1]
+        prev_e = pd_ffill(prev_e)
+        clock = (np.nan_to_num(e, nan=np.inf) < np.nan_to_num(prev_e, nan=-np.inf) - 1.0) & (np.nan_to_num(e, nan=np.inf) < 120)
+        valid = e[~np.isnan(e)]
+        if len(valid):
+            st.prev_elapsed = float(valid[-1])
+    brk = clock.copy()
+    # the banner rule is sequential (activity counts from the latest start), but only banner lines are visited
+    done = np.concatenate([[0], np.cumsum(lines.active)])  # done[i]: active lines before row i
+    seg_from, was_active = 0, st.active
+    for i in np.flatnonzero(lines.bound | clock):
+        if clock[i] or was_active or done[i] > done[seg_from]:
+            brk[i] = True
+            seg_from, was_active = i, False
+    return brk
+
+
+def _task_id_breaks(lines: _Segmenting, brk: np.ndarray, st: KeyState) -> np.ndarray:
+    """A process hands out task ids in increasing order and starts a task once, so a slot starting a task whose id
+    is not above its previous task's and no higher than any this process started (ids back at 0, two logs pasted
+    one after the other without a banner between) is a new process.  A task deferred behind a later one on its
+    slot is not (its id is above the process's lowest)."""
+    out = np.zeros(len(brk), dtype=bool)
+    rows = np.flatnonzero(lines.start_task >= 0)
+    if len(rows):
+        seg = np.cumsum(brk)[rows]
+        df = pl.DataFrame({"seg": seg, "slot": lines.start_slot[rows].astype(np.int64), "task": lines.start_task[rows]})
+        carried = pl.DataFrame({"slot": [int(k) for k in st.slot_start], "_carried": list(st.slot_start.values())},
+                               schema={"slot": pl.Int64, "_carried": pl.Int64})
+        first = pl.col("seg") == 0
+        df = df.with_row_index("_i").join(carried, on="slot", how="left").sort("_i").with_columns(
+            pl.col("task").shift(1).over("seg", "slot").alias("_prev"),
+            pl.col("task").cum_min().shift(1).over("seg").alias("_min"))
+        low = st.min_task if st.min_task is not None else None
+        df = df.with_columns(
+            pl.when(first).then(pl.coalesce("_prev", "_carried")).otherwise("_prev").alias("_prev"),
+            pl.when(first & pl.lit(low is not None)).then(pl.min_horizontal("_min", pl.lit(low))).otherwise("_min")
+            .alias("_min"))
+        back = df.select((pl.col("task") <= pl.col("_prev")) & (pl.col("task") <= pl.col("_min"))).to_series()
+        out[rows[back.fill_null(False).to_numpy()]] = True
+    _remember_starts(lines, brk | out, rows, st)
+    return out
+
+
+def _remember_starts(lines: _Segmenting, brk: np.ndarray, rows: np.ndarray, st: KeyState) -> None:
+    """The latest started task per slot and the lowest started task id of the chunk's last process."""
+    cut = np.flatnonzero(brk)
+    if len(cut):
+        st.slot_start, st.min_task = {}, None
+        rows = rows[rows >= cut[-1]]
+    if not len(rows):
+        return
+    slots, tasks = lines.start_slot[rows][::-1].astype(np.int64), lines.start_task[rows][::-1]
+    _, latest = np.unique(slots, return_index=True)  # the first of each slot in reverse: its latest start
+    st.slot_start.update({str(int(slots[i])): int(tasks[i]) for i in latest})
+    low = int(tasks.min())
+    st.min_task = low if st.min_task is None else min(st.min_task, low)
 
 
 def pd_ffill(a: np.ndarray) -> np.ndarray:
@@ -146,39 +320,148 @@ def inherit_slots(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.Dat
       (era-2 ``print_timings``, which precede their ``slot N released``).  Only within one chunk: a
       timing block whose release line falls in the next chunk keeps no slot (chunks are 32 MiB).
     * ``synth_start`` lines get slot 0 and their line number as task (era 1).
+    * What is still without a slot after that: ``_orphan_blocks`` and ``_tie_untagged_errors``.
     """
-    inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
-    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
-    if (not inheritors and not next_inh) or ev.height == 0:
+    if ev.height == 0:
         return ev
     if "slot" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("slot"))
     if "task" not in ev.columns:
         ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("task"))
+    la = _inherit_declared(ev, fmt, state)
+    errors = ev["kind"].is_in(list(fmt.with_role("error")))
+    if errors.any():
+        la = la if la is not None else _line_arrays(ev)
+        _tie_untagged_errors(la, ev, fmt)
+        _tie_slot_task_errors(la, ev, fmt)
+    if la is None:
+        return ev
+    return ev.with_columns(
+        pl.Series("slot", la.slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+        pl.Series("task", la.task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
+    )
+
+
+def _inherit_declared(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> _LineArrays | None:
+    """The ``inherit`` / ``inherit_next`` / ``synth_start`` rules (None: no line needs or sets anything)."""
+    inheritors = {k.name: k.inherit for k in fmt.kinds if k.inherit}
+    next_inh = {k.name: k.inherit_next for k in fmt.kinds if k.inherit_next}
+    if not inheritors and not next_inh:
+        return None
     synth_kinds = list(fmt.with_role("synth_start"))
     takers_all = [*inheritors, *next_inh, *synth_kinds]
     missing = ev["kind"].is_in(takers_all) & (ev["slot"].is_null() | ev["task"].is_null())
     headers = {*inheritors.values(), *next_inh.values()}
     if not missing.any() and not ev["kind"].is_in(list(headers)).any():
-        return ev  # e.g. era 5: every line carries its slot and task, and no header state to carry
+        return None  # e.g. era 5: every line carries its slot and task, and no header state to carry
     la = _line_arrays(ev)
     synth = np.isin(la.kinds, synth_kinds) & np.isnan(la.slot)
     la.slot[synth] = 0
     la.task[synth] = la.line[synth]
     keys = ev["ikey"].to_numpy()
+    present = set(ev["kind"].unique().cast(pl.String).to_list())
     for key in np.unique(keys):
         st = state.keys.setdefault(int(key), KeyState())
         idx = np.flatnonzero(keys == key)
-        for header in set(inheritors.values()):
-            takers = [k for k, h in inheritors.items() if h == header]
+        for header in sorted(set(inheritors.values())):
+            takers = [k for k, h in inheritors.items() if h == header and k in present]
+            if not takers and header not in present:
+                continue  # (a header alone still sets the state a later chunk's lines take)
             _inherit_task_of_slot(la, idx, st, header, takers)
             _inherit_latest_header(la, idx, st, header, takers)
-        for header in set(next_inh.values()):
+        for header in sorted(set(next_inh.values())):
             _inherit_next_header(la, idx, header, [k for k, h in next_inh.items() if h == header])
-    return ev.with_columns(
-        pl.Series("slot", la.slot, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
-        pl.Series("task", la.task, dtype=pl.Float64).fill_nan(None).cast(pl.Int64),
-    )
+    if missing.any():
+        _orphan_blocks(la, keys, fmt, [*inheritors, *next_inh])
+    return la
+
+
+def _groups(keys: np.ndarray, inst: np.ndarray) -> list[np.ndarray]:
+    """The rows of each instance (router key and instance number), each in line order."""
+    code = keys.astype(np.int64) * (1 << 32) + inst.astype(np.int64)
+    return [np.flatnonzero(code == c) for c in np.unique(code)]
+
+
+def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[str]) -> None:
+    """Timing lines whose header the text does not have (an excerpt that starts inside a timing block, a user who
+    pasted only the block).  A run of them directly followed by a release line is that task's (the block is
+    printed just before its task's release); a run holding a timing or n_ctx_train cap line that no release
+    follows is a request of its own, as in era 1: slot 0, the run's first line number as its task."""
+    nan = np.flatnonzero(np.isnan(la.slot))
+    if not len(nan) or not np.isin(la.kinds[nan], takers).any():
+        return  # every line that takes its ids from another has them (the common case)
+    prompt = np.isin(la.kinds, list(fmt.with_role("timing_prompt")))
+    total = np.isin(la.kinds, list(fmt.with_role("timing_total")))
+    ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
+    release = np.isin(la.kinds, list(fmt.with_role("release"))) & ~np.isnan(la.slot) & ~np.isnan(la.task)
+    taker = np.isin(la.kinds, takers)
+    for idx in _groups(keys, la.inst):
+        o = taker[idx] & np.isnan(la.slot[idx])
+        if not o.any():
+            continue
+        # a block begins at its prompt line, or after the line before it ended one (its total)
+        begins = o & (~np.concatenate([[False], o[:-1]]) | prompt[idx] | np.concatenate([[False], total[idx][:-1]]))
+        pos = np.flatnonzero(o)
+        block = np.cumsum(begins)[pos] - 1  # the run each orphan row is in, from 0
+        first = pos[np.flatnonzero(begins[pos])]
+        last = pos[np.concatenate([np.flatnonzero(np.diff(block)), [len(pos) - 1]])]
+        nxt = np.minimum(last + 1, len(idx) - 1)
+        followed = (last + 1 < len(idx)) & release[idx[nxt]]
+        holds = np.add.reduceat(ending[idx[pos]].astype(np.int64), np.flatnonzero(begins[pos])) > 0
+        rows = idx[pos]
+        to_release = followed[block]
+        la.slot[rows[to_release]] = la.slot[idx[nxt[block[to_release]]]]
+        la.task[rows[to_release]] = la.task[idx[nxt[block[to_release]]]]
+        own = ~followed[block] & holds[block]
+        la.slot[rows[own]] = 0
+        la.task[rows[own]] = la.line[idx[first[block[own]]]]
+
+
+def _tie_slot_task_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
+    """Where requests are keyed by their own id and carry no slot (llama-box's rid), an error that names a slot's
+    task (``send_error: task 40 | ...``), which no line of the text otherwise names, belongs to the request in
+    flight when exactly one is."""
+    starts = np.isin(la.kinds, list(fmt.with_role("start"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    if not starts.any():
+        return
+    ends = np.isin(la.kinds, list(fmt.with_role("release"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    err = np.isin(la.kinds, list(fmt.with_role("error"))) & np.isnan(la.slot) & ~np.isnan(la.task)
+    for idx in _groups(ev["ikey"].to_numpy(), la.inst):
+        named = set(la.task[idx][~err[idx]].tolist())
+        for j in np.flatnonzero(err[idx]):  # requests keyed by id are rare, their errors rarer
+            if la.task[idx[j]] in named:
+                continue
+            before = idx[:j]
+            open_ = set(la.task[before][starts[before]].tolist()) - set(la.task[before][ends[before]].tolist())
+            if len(open_) == 1:
+                la.task[idx[j]] = open_.pop()
+
+
+def _tie_untagged_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
+    """An error line that names no task (``got exception: {...500...}``), printed after a task's release or
+    cancel and before any other task starts or ends, with the next HTTP line a failure (status >= 400), is that
+    task's: nothing else can have failed (a tool-call parse failure after a normal release)."""
+    err = np.isin(la.kinds, list(fmt.with_role("error"))) & np.isnan(la.task)
+    end = np.isin(la.kinds, list(fmt.with_role("release", "cancel"))) & ~np.isnan(la.task)
+    begin = np.isin(la.kinds, list(fmt.with_role("start")))
+    http = np.isin(la.kinds, list(fmt.with_role("http")))
+    status = ev["status"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "status" in ev.columns else None
+    if status is None or not http.any():
+        return
+    for idx in _groups(ev["ikey"].to_numpy(), la.inst):
+        mark = end[idx] | begin[idx] | http[idx]
+        if not (err[idx].any() and mark.any()):
+            continue
+        at = np.where(mark, np.arange(len(idx)), -1)
+        prev = np.maximum.accumulate(at)  # the latest marker at or before each row
+        nxt = np.where(mark, np.arange(len(idx)), len(idx))[::-1]
+        nxt = np.minimum.accumulate(nxt)[::-1]  # the next marker at or after each row
+        e = np.flatnonzero(err[idx])
+        p, q = prev[e], nxt[e]
+        ok = (p >= 0) & (q < len(idx))
+        e, p, q = e[ok], p[ok], q[ok]
+        tie = end[idx[p]] & http[idx[q]] & (status[idx[q]] >= 400)
+        la.task[idx[e[tie]]] = la.task[idx[p[tie]]]
 
 
 def _line_arrays(ev: pl.DataFrame) -> _LineArrays:
@@ -289,7 +572,7 @@ REQUEST_FIELDS = {
     "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
     "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
     "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64}
+    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64}
 
 
 def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -313,34 +596,37 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
     group."""
     k = pl.col("kind")
 
-    def only(kinds: tuple[str, ...], col: str) -> pl.Expr:
-        return pl.when(k.is_in(kinds)).then(pl.col(col))
+    def only(kinds: tuple[str, ...], col: str | pl.Expr) -> pl.Expr:
+        return pl.when(k.is_in(kinds)).then(pl.col(col) if isinstance(col, str) else col)
 
     return req.with_columns(
         only(role("start"), "line_no").alias("_start"),
-        # era 1 runs one request at a time: its HTTP line may sit inside its timing block
-        only(role("release", "timing_total", "synth_start"), "line_no").alias("_close"),
+        # where the request ended, for its HTTP line: its release, its timing block (printed once it ended; era 1
+        # runs one request at a time, so its HTTP line may sit inside the block), a cancel or an error
+        only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no").alias("_close"),
         only(role("prompt", "error", "ctx_train_cap"), "prompt_tokens").alias("_pt"),
         only(role("prompt_alt"), "prompt_tokens").alias("_pt_alt"),
         only(role("kv_trim"), "p0").alias("_p0"),
         pl.col("n_ctx_slot").alias("_nctx"),  # every line that states it states the slot's context
         only(role("truncate"), "truncated_prompt_tokens").alias("_tpt"),
-        only(role("cache"), "cached_tokens").alias("_cached"),
+        pl.col("cached_tokens").alias("_cached"),  # every line that states it states the cache hit
         only(role("timing_prompt"), "ms").alias("_pms"),
         only(role("timing_prompt"), "tokens").alias("_ptok"),
         pl.col("prompt_eval_tokens").alias("_peval"),
         only(role("timing_eval"), "ms").alias("_gms"),
         only(role("timing_eval"), "tokens").alias("_gtok"),
         only(role("timing_total"), "ms").alias("_tms"),
-        only(role("release"), "n_past").alias("_npast"),
+        # the tokens in the slot at release: n_past / n_tokens, era 2's `released (N tokens in cache)`
+        only(role("release"), pl.coalesce("n_past", "n_tokens_in_cache")).alias("_npast"),
         only(role("release"), "truncated").cast(pl.Int8).alias("_trunc"),
+        only(role("release"), "status").alias("_status"),  # a release that states its HTTP status (llama-box)
         only(role("error"), "error").alias("_err"),
-        only(role("progress", "stop", "ctx_train_cap"), "gen_tokens").alias("_gprog"),
+        pl.col("gen_tokens").alias("_gprog"),  # a count so far or at the end: the largest is the latest
         k.is_in(role("context_shift")).alias("_shift"),
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
         k.is_in(role("release")).alias("_rel"),
-        k.is_in(role("timing_total")).alias("_tim"),  # the last line of a timing block
+        k.is_in(role.block_end()).alias("_tim"),
         k.is_in(role("synth_start")).alias("_synth"),
     )
 
@@ -368,6 +654,7 @@ def _aggregate_requests(req: pl.DataFrame) -> pl.DataFrame:
         pl.col("_gtok").max().alias("gen_tokens"),
         pl.col("_tms").max().alias("total_ms"),
         pl.col("_npast").max().alias("n_past_end"),
+        pl.col("_status").max().alias("own_status"),
         (pl.col("_trunc").max() > 0).alias("truncated"),
         pl.col("_shift").any().alias("context_shift"),
         pl.col("_cancel").any().alias("cancelled"),
@@ -429,6 +716,8 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
     keys = ["ikey", "instance_no"]
     if close is None:
         close = pl.coalesce("close_line", "line_last")
+    if "line_first" in req.columns:
+        close = pl.lit(_in_flight_close(req, http, close))
     closes = (req.select(*keys, close.alias("_pos"))
               .with_row_index("_ri").filter(pl.col("_pos").is_not_null()).sort("_pos", "_ri")
               .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(keys).alias("_rank")))
@@ -450,6 +739,39 @@ def match_http(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr | None = No
                        pl.col("_hl").alias("http_line"))
     return (req.drop("http_status", "http_path", "http_line").with_row_index("_ri")
             .join(tied, on="_ri", how="left", maintain_order="left").drop("_ri"))
+
+
+def _in_flight_close(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr) -> pl.Series:
+    """Each request's end for the FIFO rule: its close, or the first POST line printed while it was the only
+    request of its instance in flight (begun at or before the line, not closed before it), if that comes first.
+    A streamed response's line is written when the stream closes, which can be before the task's timings and
+    release (even before its sampler is set up), with the status sent when the stream began; no other request
+    can be answered then, and a request that closed earlier and still waits for its line still comes first in the
+    queue.  Per instance, with the requests sorted by their first line: the requests in flight at a line are those
+    begun by then less those closed before it, and when that is one, it is the one whose close is the largest of
+    those begun (a running maximum): no pairing of lines with requests."""
+    keys = ["ikey", "instance_no"]
+    spans = req.with_row_index("_ri").select(*keys, "_ri", pl.coalesce("start_line", "line_first").alias("_from"),
+                                             close.alias("_to"))
+    eff = spans["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy().copy()
+    # (a failure status inside a task's span is the handler refusing some other request: --jinja missing, ...)
+    posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64))
+    lines_of = {k: g["line_no"].to_numpy() for k, g in posts.partition_by(keys, as_dict=True).items()}
+    for key, sp in spans.filter(pl.col("_from").is_not_null()).partition_by(keys, as_dict=True).items():
+        h = lines_of.get(key)
+        if h is None or not len(h):
+            continue
+        sp = sp.sort("_from")
+        f, t = sp["_from"].to_numpy(), sp["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy()
+        ri = sp["_ri"].to_numpy()
+        top = np.maximum.accumulate(t)
+        holder = np.maximum.accumulate(np.where(t == top, np.arange(len(t)), 0))  # who holds the running maximum
+        begun = np.searchsorted(f, h, side="right")
+        live = begun - np.searchsorted(np.sort(t), h, side="left")
+        solo = (live == 1) & (begun > 0)
+        who = ri[holder[begun[solo] - 1]]
+        np.minimum.at(eff, who, h[solo].astype(np.float64))
+    return pl.Series(eff).replace(np.inf, None).cast(pl.Int64)
 
 
 def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
@@ -485,8 +807,11 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
         # a request's end is logged by its release line or its timings (printed once it finished), or an error
         (pl.col("has_release") | pl.col("has_timings") | pl.col("error").is_not_null()).alias("complete"),
     )
+    # reaching the slot's context stops generation only: a prompt that exactly fills the slot and generates
+    # nothing (an embedding) ended normally
+    generated = pl.coalesce("gen_tokens", pl.col("n_past_end") - pl.col("prompt_tokens")).fill_null(1) > 0
     at_ctx = (pl.col("n_ctx_slot").is_not_null() & pl.col("n_past_end").is_not_null()
-              & (pl.col("n_past_end") >= pl.col("n_ctx_slot") - 1))
+              & (pl.col("n_past_end") >= pl.col("n_ctx_slot") - 1) & generated)
     stop = (
         pl.when(pl.col("error").is_not_null()).then(pl.lit("error"))
         .when(pl.col("cancelled")).then(pl.lit("cancelled"))
@@ -564,32 +889,48 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                    reference_is_start: bool = False) -> pl.DataFrame:
     """Build ``abs_time`` from whatever absolute time the lines carry (wrapper prefix, JSON epoch).
 
-    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name).  A
-    syslog date has no year: it is ``reference``'s year (the file's modification time, or the server's start
-    with ``reference_is_start``), one year less when that would put the line more than a day after the file was
-    last written (a log that began in December), one year more when it would put it before the start.
+    Times written without a zone (syslog, ISO without offset) are read in ``tz`` (an IANA zone name); where the
+    line's own record also states an epoch (``timestamp=``), the epoch wins: it names an instant, the stamp only
+    a local time.  A syslog date has no year: it is the year of the times other lines of the chunk state (an
+    epoch, a zoned ISO stamp) when there are any, else ``reference``'s (the file's modification time, or the
+    server's start with ``reference_is_start``), one year less when that would put the line more than a day after
+    the reference (a log that began in December), one year more when it would put it before the start.
     """
+    own, ev = _record_times(ev)
     out = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     if "abs_raw" in ev.columns:
         raw = ev["abs_raw"]
         kind = raw.str.split_exact("|", 1).struct.field("field_0")
         val = raw.str.split_exact("|", 1).struct.field("field_1")
-        iso = val.str.replace(" ", "T").str.replace(",", ".").str.replace(r"Z$", "+00:00").str.replace(
-            r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
+        iso = val.str.replace("][", "T", literal=True).str.replace(" ", "T").str.replace(",", ".").str.replace(
+            r"Z$", "+00:00").str.replace(r" ?UTC$", "+00:00").str.replace(r"([+-]\d\d)(\d\d)$", "$1:$2")
         iso = iso.str.replace(r"(\.\d{6})\d+", "$1")
         zoned = iso.str.contains(r"[+-]\d\d:\d\d$")
         iso_z = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
         iso_n = iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="us") \
             .dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null").dt.convert_time_zone("UTC")
         iso_dt = pl.select(pl.when(zoned).then(iso_z).otherwise(iso_n)).to_series()
+        ep_dt = epoch_to_dt(val)
+        stated = pl.concat([own, iso_z.filter(kind == "iso"), ep_dt.filter(kind == "epoch")]).drop_nulls()
+        if len(stated):  # a year the text states beats the file's modification time
+            reference, reference_is_start = stated.max(), False
         sys_dt = _syslog_times(val.filter(kind == "syslog"), reference, tz, reference_is_start)
         sys_full = pl.Series([None] * ev.height, dtype=pl.Datetime("us", "UTC")).scatter(
             (kind == "syslog").arg_true(), sys_dt) if len(sys_dt) else pl.Series([None] * ev.height,
                                                                                   dtype=pl.Datetime("us", "UTC"))
-        ep_dt = epoch_to_dt(val)
+        local = (kind == "syslog") | ((kind == "iso") & ~zoned)
         out = pl.select(
-            pl.when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_full).when(kind == "epoch").then(ep_dt)
+            pl.when(local & own.is_not_null()).then(own)
+            .when(kind == "iso").then(iso_dt).when(kind == "syslog").then(sys_full).when(kind == "epoch").then(ep_dt)
         ).to_series().alias("abs_time")
+    return ev.with_columns(out.fill_null(own).alias("abs_time"))
+
+
+def _record_times(ev: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+    """The instant each line's own record states (a JSON or key=value epoch, a JSON-lines time), and the events
+    with the elapsed clocks JSON lines carry filled in (``--log-jsonl``'s ``ts`` as M.SS.mmm.uuu, its ``time`` in
+    microseconds since start)."""
+    own = pl.Series("abs_time", [None] * ev.height, dtype=pl.Datetime("us", "UTC"))
     for col in ("epoch", "json_time"):
         if col in ev.columns:
             v = ev[col]
@@ -598,7 +939,7 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                                  .when(num > 1e8).then(num)).to_series()
             iso_dt = v.str.replace(r"Z$", "+00:00").str.replace(r"(\.\d{6})\d+", "$1").str.to_datetime(
                 "%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
-            out = out.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
+            own = own.fill_null(epoch_to_dt(as_epoch)).fill_null(iso_dt)
             if col == "json_time":
                 # `--log-jsonl` "ts" is the elapsed clock; the text format's own prefix group leaves an
                 # all-null elapsed_s column behind, so fill rather than only create it
@@ -608,7 +949,11 @@ def parse_abs_time(ev: pl.DataFrame, *, reference: datetime, tz: str = "UTC",
                     secs = elapsed_seconds(el)
                     ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s")
                                          if "elapsed_s" in ev.columns else secs)
-    return ev.with_columns(out.alias("abs_time"))
+    if "json_elapsed_us" in ev.columns:  # --log-jsonl's time: microseconds since the process started
+        secs = (ev["json_elapsed_us"].cast(pl.Float64, strict=False) / 1e6).alias("elapsed_s")
+        ev = ev.with_columns(pl.coalesce(pl.col("elapsed_s"), secs).alias("elapsed_s") if "elapsed_s" in ev.columns
+                             else secs).drop("json_elapsed_us")
+    return own, ev
 
 
 HANDLER_ONLY_STATUS = (401, 403, 501, 503)  # answered by the HTTP handler, never by a slot (era 2 uses 404 for task errors)
@@ -676,23 +1021,31 @@ class RequestBuilder:
             loose = loose.filter(pl.col("slot_found").is_null()).drop("slot_found")
             merged = merge_partials([slotted, found])
             slotted = merged if merged.width else slotted.head(0)
-        # final: a later task started on the same slot, or a later instance on the same key (or the end)
+            # a request its log keys by its own id (llama-box's rid), opened by a start line with no slot
+            own = loose.filter(pl.col("start_line").is_not_null())
+            if own.height:
+                slotted = pl.concat([slotted, own], how="diagonal_relaxed") if slotted.height else own
+                loose = loose.filter(pl.col("start_line").is_null())
+        # final: a later task started on the same slot, or a later instance on the same key (or the end); a request
+        # with no slot once it closed (nothing of it follows its response line)
         began = pl.coalesce("start_line", "line_first")
         latest = slotted.group_by("ikey", "instance_no", "slot").agg(began.max().alias("_latest"))
         last_inst = slotted.group_by("ikey").agg(pl.col("instance_no").max().alias("_last_inst"))
         s = slotted.join(latest, on=["ikey", "instance_no", "slot"], how="left").join(last_inst, on="ikey", how="left")
-        if final_all:
-            is_final = pl.lit(True)
-        else:
-            is_final = (began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))
-        s = s.with_columns(is_final.alias("_final")).drop("_latest", "_last_inst")
-        # a request still open with no close line may yet log lines: its last line is not its close yet
-        close = pl.coalesce("close_line", pl.when(pl.col("_final")).then(pl.col("line_last")))
+        superseded = (pl.when(pl.col("slot").is_null()).then(pl.col("close_line").is_not_null())
+                      .otherwise((began < pl.col("_latest")) | (pl.col("instance_no") < pl.col("_last_inst"))))
+        s = s.with_columns((pl.lit(True) if final_all else superseded).alias("_final"), superseded.alias("_over"))
+        s = s.drop("_latest", "_last_inst")
+        # a request with no close line ended where its slot's next task began; one still running when the text
+        # ends (or this chunk does) has not ended, so no HTTP line is its yet
+        close = pl.coalesce("close_line", pl.when(pl.col("_over")).then(pl.col("line_last")))
+        close = pl.when(pl.col("own_status").is_null()).then(close)  # a request that states its status takes no line
         matched = match_http(s.sort("line_first"), self._http_for_match(), close)
+        matched = matched.with_columns(pl.coalesce("own_status", "http_status").alias("http_status"))
         if not final_all:
             matched = matched.with_columns((pl.col("_final") & ~self._awaits_http(close, last_line)).alias("_final"))
-        final = matched.filter(pl.col("_final")).drop("_final")
-        still = matched.filter(~pl.col("_final")).drop("_final", "http_status", "http_path", "http_line")
+        final = matched.filter(pl.col("_final")).drop("_final", "_over")
+        still = matched.filter(~pl.col("_final")).drop("_final", "_over", "http_status", "http_path", "http_line")
         self._consume_http(final, final_all, last_line)
         final = final.drop("http_line")
         if final_all:
@@ -703,7 +1056,7 @@ class RequestBuilder:
         if final.height == 0:
             return final
         done = finish_requests(final)
-        counts = done.group_by("ikey", "instance_no", "slot").agg(pl.len().alias("_n"))
+        counts = done.filter(pl.col("slot").is_not_null()).group_by("ikey", "instance_no", "slot").agg(pl.len().alias("_n"))
         if self.seq:
             keys = [k.split("/") for k in self.seq]
             prior = pl.DataFrame({"ikey": [int(k[0]) for k in keys], "instance_no": [int(k[1]) for k in keys],

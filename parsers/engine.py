@@ -48,6 +48,7 @@ class JsonWrapper:
     time: tuple[str, ...]
     level: tuple[str, ...]
     samples: tuple[str, ...]
+    elapsed_us: tuple[str, ...] = ()  # keys holding microseconds since the process started (--log-jsonl's time)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def load_wrappers() -> Wrappers:
         regex.compile(w.regex)
     jw = tuple(
         JsonWrapper(j["name"], j["detect"], j.get("exclude", "$^"), tuple(j["text"]), tuple(j.get("time", ())),
-                    tuple(j.get("level", ())), tuple(j.get("samples", ())))
+                    tuple(j.get("level", ())), tuple(j.get("samples", ())), tuple(j.get("elapsed_us", ())))
         for j in data.get("json_wrapper", [])
     )
     strip = {name: (v["regex"], v.get("replace", ""), v.get("prefilter", "")) for name, v in data.get("strip", {}).items()}
@@ -351,8 +352,10 @@ class Unwrapper:
                 continue
             seen.add(jw.name)
             applied = True
-            cols["json_time"] = _when(ok, _first_key(text, jw.time))
-            cols["json_level"] = _when(ok, _first_key(text, jw.level))
+            # each row fills its own lines: another row's values on other lines stay
+            for col, keys in (("json_time", jw.time), ("json_level", jw.level), ("json_elapsed_us", jw.elapsed_us)):
+                if keys:
+                    cols[col] = _when(ok, _first_key(text, keys), cols.get(col))
             text = _when(ok, inner.str.strip_suffix("\n").str.strip_suffix("\r"), text)
         return text, applied
 

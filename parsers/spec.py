@@ -36,7 +36,7 @@ DATA_FILES = {"fields.toml", "wrappers.toml", "frames.toml"}
 ROLES = {
     "start", "synth_start", "release", "prompt", "prompt_alt", "truncate", "cache", "kv_trim", "timing_header",
     "timing_prompt", "timing_eval", "timing_total", "progress", "error", "cancel", "context_shift",
-    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "other",
+    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "failure", "other",
 }
 IDENTITY = {"slot", "task"}  # fields that say whose a line is, not a fact about it (a skipped line may name them)
 # Old format names that still work with --format.
@@ -69,6 +69,7 @@ class Kind:
     multiline: bool = False  # unknown lines after it are its continuation
     startup: bool = False  # part of a server's start-up banner
     boundary: bool = False  # the first line a new server process writes
+    ends: bool = False  # the process ends here (shutdown, a fatal argument error): a later banner is a new process
     inherit: str | None = None  # take slot/task from the latest line of this kind (era-4 timing block)
     inherit_next: str | None = None  # take slot/task from the next line of this kind (era-2 timings)
     exclude: str = ""  # a line the regex matches is not this kind when this regex also matches (no look-arounds)
@@ -166,7 +167,7 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
         fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys)))), frame=frame, keys=keys, role=role, skip=skip,
         fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
         multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
-        boundary=bool(raw.get("boundary", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
+        boundary=bool(raw.get("boundary", False)), ends=bool(raw.get("ends", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
         exclude=raw.get("exclude", ""), bare=bool(raw.get("bare", False)), loose=bool(raw.get("loose", False)),
     )
 

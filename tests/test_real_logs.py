@@ -2,7 +2,8 @@
 
 One ingest of the whole corpus: no file refused, no internal error, every file's lines accounted for, every
 hand-checked fact exact, and almost no line of server output left unparsed.  Then the same corpus under every
-format forced by ``--format``: never a traceback.
+format forced by ``--format``: never a traceback.  The held-out folder (fixtures/real-holdout) is only checked for
+well-formed sidecars here: it is scored once, at the end of a round, never by the suite.
 """
 
 from __future__ import annotations
@@ -51,6 +52,58 @@ def test_every_real_log_is_read_and_accounted_for(corpus_store: Path) -> None:
         assert row["lines_total"] == sc.line_count(), sc.name
 
 
+def test_the_holdout_is_well_formed_and_apart() -> None:
+    """Held-out sidecars are checked without ingesting their logs; no log is in both folders."""
+    held = real_corpus.corpus(real_corpus.HOLDOUT)
+    assert (real_corpus.HOLDOUT / "README.md").exists()
+    assert [(s.name, p) for s in held for p in real_corpus.problems(s)] == []
+    assert {s.name for s in held}.isdisjoint({s.name for s in real_corpus.corpus()})
+    dev_text = {s.log.read_bytes() for s in real_corpus.corpus()}
+    assert [s.name for s in held if s.log.read_bytes() in dev_text] == []
+
+
+def test_a_fact_read_by_hand_is_scored_exactly(tmp_path: Path) -> None:
+    """The scorer itself: ms to within 0.01, `error` as whether any error is tied, instance facts in order, and a
+    wrong fact is named (one real log, its sidecar rewritten with some facts off)."""
+    log = real_corpus.CORPUS / "fork-ikllama-1201.log"
+    (tmp_path / log.name).write_bytes(log.read_bytes())
+    (tmp_path / "fork-ikllama-1201.toml").write_text("""
+[source]
+repo = "ikawrakow/ik_llama.cpp"
+url = "https://github.com/ikawrakow/ik_llama.cpp/issues/1201"
+date = "2026-01-29"
+fork = "ik_llama.cpp"
+era = 3
+[file]
+instances = 1
+restarts = 0
+crashes = 0
+requests = 2
+errors = 1
+[[instance]]
+n_ctx_train = 4096
+[[request]]
+slot = 0
+task = 1609
+prompt_ms = 503.255
+gen_ms = 63140.0
+error = false
+[[request]]
+slot = 0
+task = 3515
+error = true
+""", encoding="utf-8")
+    [score] = real_corpus.measure(folder=tmp_path)
+    assert score.facts == 10
+    assert sorted(score.wrong) == [
+        "file errors: expected 1, got 0",
+        "instance 1 n_ctx_train: expected 4096, got None",
+        "request {'slot': 0, 'task': 1609} gen_ms: expected 63140.0, got 63140.41",
+        "request {'slot': 0, 'task': 3515} error: expected True, got None",
+    ]
+    assert score.right == 6
+
+
 @pytest.mark.parametrize("sidecar", real_corpus.corpus(), ids=lambda s: s.name)
 def test_every_hand_checked_fact_is_right(scores: dict[str, real_corpus.Score], sidecar: real_corpus.Sidecar) -> None:
     score = scores[sidecar.name]
@@ -91,8 +144,10 @@ def test_the_docs_say_what_the_corpus_holds_and_measures(scores: dict[str, real_
     page = real_corpus.FORMATS_PAGE.read_text(encoding="utf-8")
     coverage = real_corpus.coverage_markdown(sidecars, [scores[sc.name] for sc in sidecars])
     assert real_corpus.updated(page, "coverage", coverage) == page
-    index = (real_corpus.CORPUS / "README.md").read_text(encoding="utf-8")
-    assert real_corpus.updated(index, "provenance", real_corpus.provenance_markdown(sidecars)) == index
+    for folder in (real_corpus.CORPUS, real_corpus.HOLDOUT):
+        index = (folder / "README.md").read_text(encoding="utf-8")
+        provenance = real_corpus.provenance_markdown(real_corpus.corpus(folder))
+        assert real_corpus.updated(index, "provenance", provenance) == index, folder.name
 
 
 def test_crashes_are_listed_with_their_evidence_and_the_tasks_in_flight(tmp_path: Path) -> None:
