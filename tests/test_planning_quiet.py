@@ -32,12 +32,10 @@ from click.testing import CliRunner
 
 from forensics import findings, report
 from forensics.cli import cli
-from forensics.ingest import IngestOptions, ingest
 from forensics.planning import recommendation, what_if
 from forensics.store import Store
-from tests.conftest import ROOT
+from tests.planning_helpers import REAL_RUNS, real_store
 
-RUNS = ROOT / "fixtures" / "server-runs"
 NPS = (1, 2, 4, 8)
 SWEEP = {n: f"b11312q-sweep-np{n}" for n in NPS}
 PAIR = ["b11312q-runaway-uncapped", "b11312q-runaway-capped"]
@@ -47,18 +45,13 @@ KIND = {1: "extrapolated", 2: "interpolated", 4: "interpolated", 8: "extrapolate
 RUN_TARGET = {"interpolated": 0.10, "extrapolated": 0.15}
 P95_TARGET = 0.25
 
-pytestmark = pytest.mark.skipif(not (RUNS / SWEEP[1]).is_dir(),
+pytestmark = pytest.mark.skipif(not (REAL_RUNS / SWEEP[1]).is_dir(),
                                 reason="the quiet real runs come with fixtures/server-runs/b11312q-*")
-
-
-def _store(root: Path, folders: list[str]) -> Store:
-    ingest(root / "store", [RUNS / f for f in folders], IngestOptions(keep_going=True))
-    return Store(root / "store")
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return _store(tmp_path_factory.mktemp("quiet-sweep"), list(SWEEP.values()))
+    return real_store(tmp_path_factory.mktemp("quiet-sweep"), list(SWEEP.values()))
 
 
 _WITHOUT: dict[int, Store] = {}
@@ -67,7 +60,7 @@ _WITHOUT: dict[int, Store] = {}
 def without(np_: int, tmp_path_factory: pytest.TempPathFactory) -> Store:
     """The quiet sweep less its np ``np_`` run (ingested once per session)."""
     if np_ not in _WITHOUT:
-        _WITHOUT[np_] = _store(tmp_path_factory.mktemp(f"quiet-no{np_}"),
+        _WITHOUT[np_] = real_store(tmp_path_factory.mktemp(f"quiet-no{np_}"),
                                [f for n, f in SWEEP.items() if n != np_])
     return _WITHOUT[np_]
 
@@ -129,7 +122,7 @@ def test_a_lone_run_is_replayed_at_its_own_np(tmp_path: Path) -> None:
     """np 2 alone: a model of one np cannot split the one-slot step from the per-slot cost and fits the step at
     ~0 ms.  The replay must still end (it once waited forever for steps shorter than the clock's resolution) and
     the busy count must not let a moment alone count as thousands of steps (it replayed the run at +136 %)."""
-    store = _store(tmp_path, [SWEEP[2]])
+    store = real_store(tmp_path, [SWEEP[2]])
     res = what_if.whatif(store, SWEEP[2])
     run = res.figure("run_s")
     assert run["measured_run"] == SWEEP[2]
@@ -179,7 +172,7 @@ def test_recommend_names_np4_never_run(tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return _store(tmp_path_factory.mktemp("quiet-cap"), [*SWEEP.values(), *PAIR])
+    return real_store(tmp_path_factory.mktemp("quiet-cap"), [*SWEEP.values(), *PAIR])
 
 
 def test_the_recommended_cap_cuts_exactly_the_six_runaways(pair: Store) -> None:
