@@ -3,7 +3,7 @@ generator's cost model: a decode step of 20 ms + 7 ms per extra slot decoding, 0
 run with runaways at np 4 with its rerun under an output cap.
 
 These prove the pipeline end to end (records, logs, the join, the fit, the replay); the real sweeps in
-``fixtures/`` prove the model.
+``fixtures/`` prove the model (``real_store`` ingests them).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from forensics.generate import generate
 from forensics.generate.model import CostModel, Faults, Run, Scenario, Server, tickers
 from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store
+from tests.conftest import ROOT
 
 SWEEP_NPS = (1, 2, 4, 8)
+REAL_RUNS = ROOT / "fixtures" / "server-runs"  # the real llama-server run folders
 COST = CostModel(prompt_ms_per_token=0.25, gen_ms_base=20.0, gen_ms_marginal=7.0)
 RUNAWAY_CAP = 1024
 
@@ -47,3 +49,9 @@ def build_store(out: Path, scenario: Scenario, *, skip: tuple[str, ...] = (), se
     keep = [f for f in folders if f.name not in skip]
     ingest(out / "store", keep, IngestOptions(keep_going=True))
     return Store(out / "store")
+
+
+def real_store(root: Path, folders: list[str]) -> Store:
+    """The real run ``folders`` of fixtures/server-runs ingested into one store under ``root``."""
+    ingest(root / "store", [REAL_RUNS / f for f in folders], IngestOptions(keep_going=True))
+    return Store(root / "store")

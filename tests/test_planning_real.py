@@ -16,32 +16,25 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.ingest import IngestOptions, ingest
 from forensics.planning import predict, recommendation, what_if
 from forensics.store import Store
-from tests.conftest import ROOT
+from tests.planning_helpers import REAL_RUNS, real_store
 
-RUNS = ROOT / "fixtures" / "server-runs"
 SWEEP = [f"b11312-sweep-np{n}" for n in (1, 2, 4, 8)]
 BUDGETS = recommendation.Budgets(run=400.0, request=60.0)  # np 2 misses on run time (466 s), np 8 on latency (89 s)
 
-pytestmark = pytest.mark.skipif(not (RUNS / SWEEP[0]).is_dir(),
+pytestmark = pytest.mark.skipif(not (REAL_RUNS / SWEEP[0]).is_dir(),
                                 reason="the real runs come with the realruns branch (fixtures/server-runs/b11312-*)")
-
-
-def _store(root: Path, folders: list[str]) -> Store:
-    ingest(root / "store", [RUNS / f for f in folders], IngestOptions(keep_going=True))
-    return Store(root / "store")
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return _store(tmp_path_factory.mktemp("real-sweep"), SWEEP)
+    return real_store(tmp_path_factory.mktemp("real-sweep"), SWEEP)
 
 
 @pytest.fixture(scope="module")
 def sweep_without_np4(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return _store(tmp_path_factory.mktemp("real-no4"), [f for f in SWEEP if not f.endswith("np4")])
+    return real_store(tmp_path_factory.mktemp("real-no4"), [f for f in SWEEP if not f.endswith("np4")])
 
 
 def test_each_run_replayed_at_its_own_speed_by_a_model_fitted_without_it(sweep: Store) -> None:
@@ -76,7 +69,7 @@ def test_recommend_names_np4_and_says_why_np2_and_np8_fail(store_name: str, requ
 
 @pytest.fixture(scope="module")
 def runaway_pair(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return _store(tmp_path_factory.mktemp("real-cap"), [*SWEEP, "b11312-runaway-uncapped", "b11312-runaway-capped"])
+    return real_store(tmp_path_factory.mktemp("real-cap"), [*SWEEP, "b11312-runaway-uncapped", "b11312-runaway-capped"])
 
 
 def test_whatif_cap_names_exactly_the_six_runaways_and_finds_the_rerun(runaway_pair: Store) -> None:
@@ -95,7 +88,7 @@ def test_whatif_cap_names_exactly_the_six_runaways_and_finds_the_rerun(runaway_p
 
 
 def test_one_np_only_says_what_to_record(tmp_path: Path) -> None:
-    store = _store(tmp_path, ["b11312-healthy"])
+    store = real_store(tmp_path, ["b11312-healthy"])
     res = CliRunner().invoke(cli, ["whatif", "b11312-healthy", "--np", "8", "--store", str(store.root)])
     assert res.exit_code == 2 and res.stdout == ""
     assert res.stderr == ("forensics: error: only np 4 has timed runs (b11312-healthy): the cost of an extra slot "

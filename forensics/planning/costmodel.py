@@ -312,6 +312,18 @@ def uses_context(per_run: list[_Rows]) -> bool:
     return with_ctx < without * (1 - CONTEXT_GAIN)
 
 
+def weighting(step_ms: float, marginal_ms: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The step time that weights a request's moments by how many steps they held (``_rows``), with one slot
+    decoding counted at no less than half a two-slot step.  A fit that cannot split the one-slot step from the
+    per-slot cost (one np only: every request saw about the same number of slots) may put the step at ~0, and a
+    moment alone would then count as thousands of steps and swamp the busy count, the speed and the noise."""
+    one = max(step_ms, (step_ms + marginal_ms) / 2.0)
+
+    def step(b: np.ndarray) -> np.ndarray:
+        return np.where(b >= 2, step_ms + marginal_ms * np.clip(b - 1.0, 0.0, None), one)
+    return step
+
+
 def fit(workloads: Sequence[Workload]) -> CostModel:
     """The cost model fitted on ``workloads`` (``check_data`` first: timed requests).  A model of one np predicts
     that np only (``one_np_only``)."""
@@ -319,9 +331,7 @@ def fit(workloads: Sequence[Workload]) -> CostModel:
     used = [w for w in workloads if timed_jobs(w).height >= 3]
     alpha, beta, context = 1.0, 0.0, False
     for rounds in range(2):  # the token weighting of the busy count depends on the step cost: fit it twice
-        def step(b: np.ndarray, a: float = alpha, m: float = beta) -> np.ndarray:
-            return a + m * np.clip(b - 1.0, 0.0, None)
-        per_run = [_rows(w, step) for w in used]
+        per_run = [_rows(w, weighting(alpha, beta)) for w in used]
         rows = _concat(per_run)
         if int(((rows.steps > 0) & (rows.gen_ms > 0)).sum()) < 3:
             raise NotEnoughData("fewer than three requests generated more than one token",
@@ -392,7 +402,7 @@ def speed_of(m: CostModel, w: Workload) -> tuple[float, float]:
     """``run_speed`` of workload ``w``'s timed requests ((1, 1) without three of them)."""
     if timed_jobs(w).height < 3:
         return 1.0, 1.0
-    return run_speed(m, _rows(w, lambda b: m.step_ms + m.marginal_ms * np.clip(b - 1.0, 0.0, None)))
+    return run_speed(m, _rows(w, weighting(m.step_ms, m.marginal_ms)))
 
 
 def scaled(m: CostModel, decode: float, prefill: float) -> CostModel:

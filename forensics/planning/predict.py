@@ -131,6 +131,18 @@ class Planner:
         return min(cands, key=lambda r: (abs(self.workloads[r].np - np_), -self.workloads[r].np, r))
 
 
+def solo_note(model: CostModel, np_: int) -> list[str]:
+    """A note for a prediction at np 1 from a model that saw no run at np 1: one sequence decoding alone runs other
+    kernels than a batch (on the quiet real CPU sweep a step alone took 4.3 ms, a batch of two about 10 ms: np 2
+    was slower than np 1), and runs at np 2 or more hardly ever decode alone, so the fit cannot price that step
+    and the band, from runs that share the gap, does not cover it."""
+    if np_ != 1 or not model.nps or min(model.nps) <= 1:
+        return []
+    return [f"np 1 was never run (the model saw np {', '.join(str(n) for n in model.nps)}): one sequence decoding "
+            "alone runs other kernels than a batch and may be much faster or slower per step than the model has "
+            "it, which its band does not cover; record a run at np 1 to predict it"]
+
+
 def _pool(store: Store, targets: list[str], slots: pl.DataFrame) -> tuple[list[str], str, dict[str, str]]:
     """The healthy runs of the targets' model (``verdict.comparable_healthy_runs`` over them)."""
     from forensics.verdict import comparable_healthy_runs

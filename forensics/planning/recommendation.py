@@ -198,6 +198,8 @@ def recommend_with(p: Planner, targets: list[str], budgets: Budgets, *, np_range
     best = _best(table)
     table = table.with_columns((pl.col("np") == (best if best is not None else -1)).alias("recommended"))
     cols = [*TABLE_COLUMNS, *[f"{n}_verdict" for n in limits], "verdict", "recommended"]
+    unrun = [n for n in cands if not _measured_at(p, sweep, n, cap_value, cut)]
+    notes += [note for n in unrun for note in predict.solo_note(p.model, n)]
     rec = Recommendation(table.select(cols), pl.DataFrame(curve, infer_schema_length=None), best, cap_value, limits,
                          p.model.runs, "", notes=[*p.notes, *notes])
     rec.sentence, rec.details = _words(rec, p, sweep)

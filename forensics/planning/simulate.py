@@ -188,14 +188,24 @@ class _Server:
                     ended.append(job)
             if self.prefill_q:
                 self._start_prefill(t)
-        if self.dec and min(self.rem) <= DONE_EPS:
-            keep = [(j, r, c) for j, r, c in zip(self.dec, self.rem, self.ctx, strict=True) if r > DONE_EPS]
-            ended += [j for j, r in zip(self.dec, self.rem, strict=True) if r <= DONE_EPS]
+        eps = self._done_eps(t)
+        if self.dec and min(self.rem) <= eps:
+            keep = [(j, r, c) for j, r, c in zip(self.dec, self.rem, self.ctx, strict=True) if r > eps]
+            ended += [j for j, r in zip(self.dec, self.rem, strict=True) if r <= eps]
             self.dec, self.rem, self.ctx = [k[0] for k in keep], [k[1] for k in keep], [k[2] for k in keep]
         for job in ended:
             self.decoded[job] = self.steps[job] + 1
             self._release(job, t)
         return ended
+
+    def _done_eps(self, t: float) -> float:
+        """The steps left below which a decoding request has finished: ``DONE_EPS``, or what the clock cannot tell
+        apart at ``t`` (a fit whose one-slot step is a few µs leaves steps that take less than a float's resolution
+        at a minute: without this the replay would wait for them forever)."""
+        if not self.dec or self._share() <= 0:
+            return DONE_EPS
+        s0 = max(self._costs()[0], 1e-12)
+        return max(DONE_EPS, 4.0 * math.ulp(max(t, 1.0)) * 1000.0 * self._share() / s0)
 
     def _release(self, job: int, t: float) -> None:
         self.end[job] = t

@@ -199,7 +199,7 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
         if rerun is not None:
             rows[-1].update(_rerun_measured(p, name, rerun, notes))
     if n != w.np:
-        notes += _speed_spread(p, name)
+        notes += _speed_spread(p, name) + predict.solo_note(p.model, n)
     conc = concurrency or (n if w.harness.concurrency == w.np else w.harness.concurrency)
     res = WhatIf(name, n, cap, conc, pl.DataFrame(rows, schema=TABLE_SCHEMA, orient="row"), cuts, sim.busy,
                  p.model, p.pool, p.left_out, p.folds, notes=notes)
