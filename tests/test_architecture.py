@@ -72,7 +72,13 @@ def layer_of(module: str) -> int:
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(cwd), "COLUMNS": "300"}
-    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
+    # without the editable install's finder, so the project imported is the one under ``cwd`` alone (parsers is a
+    # namespace package: the finder would add the installed tree's portion to it)
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+            "sys.path_hooks[:] = [h for h in sys.path_hooks if 'editable' not in repr(h).lower()]; "
+            "sys.path[:] = [p for p in sys.path if '__editable__' not in p]; "
+            "from importlinter.cli import lint_imports_command as c; c()")
+    return subprocess.run([sys.executable, "-c", code,
                            "--no-cache", "--no-logo"], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
 

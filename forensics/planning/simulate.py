@@ -262,7 +262,7 @@ class _Harness:
                     self.gated.setdefault(int(self.stage[i]), []).append(i)
             for first in np.nonzero(has & (self.stage != self.stage[np.maximum(self.prev, 0)]))[0]:
                 self.succ[self.prev[first]] = -1  # a later stage's first attempt waits for its whole stage, not its item
-                self.gated.setdefault(int(self.stage[i]), []).append(int(i))
+                self.gated.setdefault(int(self.stage[first]), []).append(int(first))
 
     def start(self, push: PushFn) -> None:
         """The first sends: one per worker, staggered as recorded."""
