@@ -1075,15 +1075,18 @@ class RequestBuilder:
         return done
 
     def _awaits_http(self, close: pl.Expr, last_line: int | None) -> pl.Expr:
-        """Closed, no HTTP line tied yet, in an instance that logs HTTP lines, and none came after its close
-        yet (FIFO: the next POST line of the instance would be its); given up after ``hold_lines``."""
+        """Closed, no HTTP line tied yet, in an instance that logs HTTP lines; given up after ``hold_lines``.
+
+        A POST line printed after its close does not mean it has none: FIFO never skips a closed request, so
+        such a line went to one that ranks before it (closed earlier, or whose in-flight close is earlier),
+        which may still be open, and the request's own line is still to come."""
         if not self.http_last:
             return pl.lit(False)
         last = pl.DataFrame({"_k": list(self.http_last), "_h": list(self.http_last.values())},
                             schema={"_k": pl.String, "_h": pl.Int64})
         key = pl.col("ikey").cast(pl.String) + "/" + pl.col("instance_no").cast(pl.String)
         seen = key.replace_strict(last["_k"], last["_h"], default=None)
-        return (close.is_not_null() & pl.col("http_status").is_null() & seen.is_not_null() & (seen < close)
+        return (close.is_not_null() & pl.col("http_status").is_null() & seen.is_not_null()
                 & (close >= (last_line or 0) - self.hold))
 
     def _http_for_match(self) -> pl.DataFrame:
