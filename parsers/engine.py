@@ -132,9 +132,9 @@ class Carry:
 class Routes:
     """Key-first dispatch: the kinds each line key has led to, most frequent first.
 
-    A line's key is one short extract (frames.toml ``[dispatch]``: the function after ``slot``/``srv``, else the
-    first word of the body).  A line is tried with the kinds its key has led to before, on its own rows only;
-    what they leave goes through every kind in order, and the kinds that claim it there teach the table
+    A line's key is the ``width`` characters after its first ``after`` (frames.toml ``[dispatch]``: one literal
+    find and one slice, ``Engine._keys``).  A line is tried with the kinds its key has led to before, on its own
+    rows only; what they leave goes through every kind in order, and the kinds that claim it there teach the table
     (``Engine.learn``, in file order).  Specific kinds match disjoint lines (tests/test_formats.py), so the
     table changes how fast a line is classified, never its kind; catch-alls are never routed.
     """
