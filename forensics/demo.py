@@ -16,7 +16,8 @@ import polars as pl
 from forensics import findings, report
 from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
-from forensics.ingest import IngestOptions, ingest, summary
+from forensics.analyse import ingest_and_analyse
+from forensics.ingest import IngestOptions, summary
 from forensics.runs import all_runs
 from forensics.store import Store
 from forensics.verdict import verdict
@@ -60,7 +61,7 @@ def build_demo_store(out: Path, *, seed: int = 7, echo: Callable[[str], None] = 
     echo(f"demo: generated {gen.requests} server requests (runs at np 1 to 8, a main and a backup instance, "
          f"a dead slot, a runaway, missing items) in {logs}")
     store_dir = out / "store"
-    res = ingest(store_dir, [logs], IngestOptions(keep_going=True))
+    res = ingest_and_analyse(store_dir, [logs], IngestOptions(keep_going=True))
     t = res.totals
     echo(f"demo: ingested {len(res.files)} files, {t['lines']} lines, {t['requests']} requests into {store_dir}")
     return Store(store_dir)

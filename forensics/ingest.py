@@ -83,6 +83,7 @@ class IngestResult:
     bugs: int = 0  # files not read because of an internal error
     mapping_failed: str = ""  # the --mapping read nothing from any file it names (an error even with --keep-going)
     compacted: str = ""  # what the compaction that followed this ingest did, when the store had many part files
+    analysed: Any = None  # what the analysis that followed it did (forensics.analyse.Analysed), when one ran
 
     @property
     def totals(self) -> dict[str, int]:

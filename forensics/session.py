@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import duckdb
 import polars as pl
 
+from forensics import derived
 from forensics import runs as runs_mod
 from forensics import schema
 from forensics.errors import QueryError
@@ -39,6 +40,10 @@ from forensics.thresholds import DEFAULTS, Thresholds, thresholds  # noqa: F401 
 
 if TYPE_CHECKING:
     from forensics.registry import Finding
+
+# The analysis version: bump it whenever a rule, a query or a derived column changes what the store's analysis
+# holds (forensics.analyse), so that a store derived by an older project is derived again on first use.
+VERSION = 1
 
 
 
@@ -79,10 +84,13 @@ class Analysis:
     """One session over ``runs`` of ``store`` (see the module's docstring).  Open it with ``Analysis.open``."""
 
     def __init__(self, store: Store, runs: list[str], *, live: pl.DataFrame | None = None,
-                 cache: FindingCache | None = None) -> None:
+                 cache: FindingCache | None = None, stored: bool = True) -> None:
         self.store = store
         self.runs = runs
         self.live = live if live is not None and live.height else None
+        # the rows the store's analysis holds (forensics.analyse) stand for the findings at the default
+        # thresholds; a live session and the analysis itself compute them
+        self.stored = StoredRows(store) if stored and self.live is None else None
         self.cache: FindingCache = cache if cache is not None and self.live is None else MemoryCache()
         self.con = store.connect(tables=[])
         self._bound: set[str] = set()
@@ -94,9 +102,10 @@ class Analysis:
     @classmethod
     @contextlib.contextmanager
     def open(cls, store: Store, runs: str | list[str] | tuple[str, ...] | None = None, *,
-             live: pl.DataFrame | None = None, cache: FindingCache | None = None) -> Iterator[Analysis]:
+             live: pl.DataFrame | None = None, cache: FindingCache | None = None,
+             stored: bool = True) -> Iterator[Analysis]:
         """A session over the runs ``runs`` names (all runs when none), closed on exit."""
-        session = cls(store, runs_mod.resolve(store, runs).runs, live=live, cache=cache)
+        session = cls(store, runs_mod.resolve(store, runs).runs, live=live, cache=cache, stored=stored)
         try:
             yield session
         finally:
@@ -209,6 +218,10 @@ class Analysis:
 
         f = finding(name)
         runs = self.runs if runs is None else runs
+        if self.stored is not None and th == DEFAULTS:
+            got = self.stored.rows(f.name, runs)
+            if got is not None:
+                return got
         have: dict[str, pl.DataFrame] = {}
         for run in runs:
             got = self.cache.get(self.cache_key(f, run, th))
@@ -263,6 +276,38 @@ class Analysis:
         except duckdb.Error as exc:
             raise QueryError(f"query {name} failed: {str(exc).splitlines()[0]}",
                              hint="the store may come from another version; re-ingest it") from exc
+
+
+class StoredRows:
+    """The findings' rows a store's analysis holds (``forensics.derived``), for the runs it has derived at this
+    ``VERSION``: one scan of the finding's table per question."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._state: derived.DerivedState | None = None
+
+    def current(self, runs: list[str]) -> bool:
+        if self._state is None:
+            self._state = derived.state(self.store)
+        return not self._state.needs(runs, VERSION)
+
+    def rows(self, name: str, runs: list[str]) -> pl.DataFrame | None:
+        """The finding's stored rows of ``runs`` (None when some of them are not derived at this version)."""
+        table = f"finding_{name}"
+        if not self.current(runs) or table not in (self._state.tables if self._state else ()):
+            return None
+        return read_derived(self.store, table, runs)
+
+
+def read_derived(store: Store, table: str, runs: list[str] | None) -> pl.DataFrame:
+    """A derived table's rows of ``runs`` (None: every run), in the order they were stored (by run)."""
+    con = store.connect(tables=[table])
+    try:
+        if runs is None:
+            return fetch_pl(con, f"SELECT * FROM {table}")
+        return fetch_pl(con, f"SELECT * FROM {table} WHERE run IN (SELECT unnest($runs))", {"runs": runs})
+    finally:
+        con.close()
 
 
 @contextlib.contextmanager

@@ -108,6 +108,8 @@ class Transaction:
     packs_add: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # table -> new packs (compaction)
     packs_drop: dict[str, set[str]] = field(default_factory=dict)  # table -> pack files a new pack replaces
     freed: set[str] = field(default_factory=set)  # own files of parts the new packs hold: deleted after
+    # edits of the new manifest made at commit (forensics.derived): each returns the files it leaves unused
+    edits: list[Callable[[dict[str, Any]], set[str]]] = field(default_factory=list)
     _counter: int = 0
     _writer: ThreadPoolExecutor | None = None
     _pending: list[Future] = field(default_factory=list)
@@ -335,6 +337,13 @@ class Store:
             else:
                 manifest["meta"][key] = value
         dead_packs = self._update_packs(manifest, txn)
+        changed = {run_of_part(rel) for rels in (*txn.adds.values(), *txn.removes.values()) for rel in rels}
+        if changed - {None}:  # the runs whose rows change: their analysis is out of date (forensics.derived)
+            from forensics import derived
+
+            derived.mark_stale_in(manifest, {r for r in changed if r is not None})
+        for edit in txn.edits:
+            dead_packs |= edit(manifest)
         missing = [tmp for tmp, _ in renames if not (self.root / tmp).exists()]
         if missing:
             raise StoreError(f"commit refused: the staged part {missing[0]} is missing",
@@ -423,7 +432,7 @@ class Store:
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)
         for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*"),
-                      *self.root.glob(f"{META_DIR}/*.tmp-*")]:
+                      *self.root.glob(f"{META_DIR}/*.tmp-*"), *self.root.glob("_derived/*/*.tmp-*")]:
             stray.unlink(missing_ok=True)
             notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
         for stray in self.root.glob(".*.tmp-*"):
@@ -470,7 +479,11 @@ class Store:
         return [p for p in own if p not in missing], [(path, dead) for path, dead in packs if path not in missing]
 
     def view_source(self, table: str, existing_only: bool = False) -> str | None:
-        """The FROM of ``table``'s DuckDB view, None when no file holds its rows."""
+        """The FROM of ``table``'s DuckDB view, None when no file holds its rows (a derived table: its batches')."""
+        if table not in schema.TABLES:
+            from forensics import derived
+
+            return derived.view_source(self, table)
         own, packs = self.table_files(table, existing_only)
         return self._source(own, packs) if own or packs else None
 
@@ -479,6 +492,9 @@ class Store:
             con.bind(self, table, existing_only)  # type: ignore[attr-defined]
             return
         source = self.view_source(table, existing_only)
+        if source is None and table not in schema.TABLES:
+            raise StoreError(f"the store has no derived table {table!r}",
+                             hint="run `forensics ingest` again, or `forensics check`")
         if source is None:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in schema.TABLES[table]
@@ -512,7 +528,10 @@ class Store:
     @staticmethod
     def _columns(table: str, have: set[str] | None) -> str:
         """The view's select list: the schema's columns in order (NULL of the column's type for one that no
-        part has, when ``have`` says which they have); events keep their format-specific fields too."""
+        part has, when ``have`` says which they have); events keep their format-specific fields too.  A derived
+        table (``forensics.derived``) is read with the columns its files have."""
+        if table not in schema.TABLES:
+            return "*"
         declared = schema.TABLES[table]
         cols = [f'"{c.name}"' if have is None or c.name in have else
                 f'CAST(NULL AS {_duck_type(c.dtype)}) AS "{c.name}"' for c in declared]

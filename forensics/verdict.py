@@ -9,6 +9,7 @@ worth knowing that did not harm the run).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from forensics.sentences import (  # noqa: F401  (public names of the verdict)
     healthy,
     short_evidence,
 )
-from forensics.session import DEFAULTS, Analysis, Thresholds, analysis
+from forensics.session import DEFAULTS, Analysis, Thresholds, analysis, read_derived
 from forensics.store import Store
 
 
@@ -105,9 +106,12 @@ def _facts(run: str, by_run: _ByRun, ctx: RunContext) -> list[Fact]:
 
 def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
             th: Thresholds = DEFAULTS) -> list[RunVerdict]:
-    """One verdict per run (all runs when none are given), from the findings."""
+    """One verdict per run (all runs when none are given), from the findings: as the store's analysis holds it
+    (``forensics.analyse``) when the thresholds are the defaults, else worked out."""
     with analysis(source, runs) as s:
         names = s.narrowed(runs)
+        if th == DEFAULTS and s.stored is not None and s.stored.current(names):
+            return stored_verdicts(s.store, names)
         s.bind(["requests"])
         loc = Locations(s.query("request_locations", th, names))
         stats = {r["run"]: r for r in s.query("run_stats", th, names).iter_rows(named=True)}
@@ -118,6 +122,22 @@ def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
             ctx = RunContext(run, by_run.reader(run), loc, inst.get(run, {}), stats.get(run, {}),
                              servers=serving.get(run, set()))
             out.append(RunVerdict(run, stats.get(run, {}).get("requests", 0), _facts(run, by_run, ctx)))
+    return out
+
+
+def stored_verdicts(store: Store, runs: list[str]) -> list[RunVerdict]:
+    """The verdicts the store's analysis holds for ``runs``, in their order."""
+    facts = read_derived(store, "verdict_facts", runs).sort("run", "n", maintain_order=True)
+    counts = dict(read_derived(store, "run_facts", runs).select("run", "requests").iter_rows())
+    by_run = {k[0]: v for k, v in facts.partition_by("run", as_dict=True).items()} if facts.height else {}
+    out = []
+    for run in runs:
+        mine = by_run.get(run)
+        told = [] if mine is None else [
+            Fact(kind, sentence, list(evidence or []), json.loads(fields) if fields else {}, severity)
+            for kind, severity, sentence, evidence, fields in
+            mine.select("kind", "severity", "sentence", "evidence", "fields").iter_rows()]
+        out.append(RunVerdict(run, int(counts.get(run) or 0), told))
     return out
 
 

@@ -60,6 +60,7 @@ Examples:
 def ingest(paths: tuple[str, ...], **opts: Any) -> None:
     """Read llama-server logs and replay records (files or folders; .gz and .zst too) into the store: one
     progress bar while it reads, then one summary line."""
+    from forensics import analyse
     from forensics import ingest as ingest_mod
 
     a = cli_mod.typed_options(IngestArgs, opts)
@@ -72,10 +73,10 @@ def ingest(paths: tuple[str, ...], **opts: Any) -> None:
         options = ingest_mod.IngestOptions(
             run=a.run, fmt=a.fmt, started_at=ingest_mod.parse_time(started_at) if started_at else None,
             keep_going=a.keep_going, mapping=a.mapping, tz=a.tz, exclude=tuple(a.exclude))
-        result = ingest_mod.ingest(
+        result = analyse.ingest_and_analyse(
             store_dir, [Path(p) for p in paths], options, progress=bar.update,
             on_wait=lambda: click.echo(f"forensics: waiting for another ingest into {store_dir} to finish...",
-                                       err=True))
+                                       err=True), note=lambda line: click.echo(line, err=True))
     except ingest_mod.FilesNotRead as exc:  # the other files are in: report them, then exit 2
         failed, result = exc, exc.result
     bar.close()

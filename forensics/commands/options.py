@@ -142,8 +142,17 @@ def open_store(path: Path | None) -> Any:
     if not specs or Path(specs[0]) != path:  # called with a path of its own
         specs = [str(path if path is not None else default_store_path())]
     store = open_fleet(specs)
+    _analysed(store)
     if engine == "spark":
         from forensics.spark import use_spark
 
         use_spark(store, master)
     return store
+
+
+def _analysed(store: Any) -> None:
+    """Derive the analysis of any run of ``store`` that lacks it (a store of an older version, an ingest that
+    stopped before its analysis), saying so on stderr when it takes a while."""
+    from forensics import analyse
+
+    analyse.ensure(store, progress=lambda line: click.echo(line, err=True))
