@@ -14,9 +14,9 @@ from pathlib import Path
 import polars as pl
 
 from forensics import findings, report
+from forensics.analyse import ingest_and_analyse
 from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
-from forensics.analyse import ingest_and_analyse
 from forensics.ingest import IngestOptions, summary
 from forensics.runs import all_runs
 from forensics.store import Store

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Protocol
 import duckdb
 import polars as pl
 
-from forensics import derived
+from forensics import derived, schema
 from forensics import runs as runs_mod
-from forensics import schema
 from forensics.errors import QueryError
 from forensics.sql import load_query
 from forensics.store import ArrowStream, Store, fetch_pl, run_of_part, sql_strings
