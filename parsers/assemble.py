@@ -577,7 +577,8 @@ REQUEST_FIELDS: dict[str, pl.DataType | type[pl.DataType]] = {
     "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
     "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
     "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64}
+    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64,
+    "prompt_ms": pl.Float64, "gen_ms": pl.Float64}
 
 
 def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -604,21 +605,24 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
     def only(kinds: tuple[str, ...], col: str | pl.Expr) -> pl.Expr:
         return pl.when(k.is_in(kinds)).then(pl.col(col) if isinstance(col, str) else col)
 
+    general = role("general")  # the general rule's lines (general.toml): a line stating a generation time ended
+    ended = k.is_in(general) & pl.col("gen_ms").is_not_null()
     return req.with_columns(
-        only(role("start"), "line_no").alias("_start"),
+        only((*role("start"), *general), "line_no").alias("_start"),
         # where the request ended, for its HTTP line: its release, its timing block (printed once it ended; era 1
         # runs one request at a time, so its HTTP line may sit inside the block), a cancel or an error
-        only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no").alias("_close"),
-        only(role("prompt", "error", "ctx_train_cap"), "prompt_tokens").alias("_pt"),
+        pl.coalesce(only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no"),
+                    pl.when(ended).then(pl.col("line_no"))).alias("_close"),
+        only(role("prompt", "error", "ctx_train_cap", "general"), "prompt_tokens").alias("_pt"),
         only(role("prompt_alt"), "prompt_tokens").alias("_pt_alt"),
         only(role("kv_trim"), "p0").alias("_p0"),
         pl.col("n_ctx_slot").alias("_nctx"),  # every line that states it states the slot's context
         only(role("truncate"), "truncated_prompt_tokens").alias("_tpt"),
         pl.col("cached_tokens").alias("_cached"),  # every line that states it states the cache hit
-        only(role("timing_prompt"), "ms").alias("_pms"),
+        pl.coalesce(only(role("timing_prompt"), "ms"), only(general, "prompt_ms")).alias("_pms"),
         only(role("timing_prompt"), "tokens").alias("_ptok"),
         pl.col("prompt_eval_tokens").alias("_peval"),
-        only(role("timing_eval"), "ms").alias("_gms"),
+        pl.coalesce(only(role("timing_eval"), "ms"), only(general, "gen_ms")).alias("_gms"),
         only(role("timing_eval"), "tokens").alias("_gtok"),
         only(role("timing_total"), "ms").alias("_tms"),
         # the tokens in the slot at release: n_past / n_tokens, era 2's `released (N tokens in cache)`
@@ -631,7 +635,8 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
         k.is_in(role("release")).alias("_rel"),
-        k.is_in(role.block_end()).alias("_tim"),
+        (k.is_in(role.block_end()) | ended).alias("_tim"),
+        k.is_in(general).alias("_general"),
         k.is_in(role("synth_start")).alias("_synth"),
     )
 
@@ -671,6 +676,7 @@ def _aggregate_requests(req: pl.DataFrame) -> pl.DataFrame:
         pl.col("_rel").any().alias("has_release"),
         pl.col("_tim").any().alias("has_timings"),
         pl.col("_synth").any().alias("synthetic"),
+        pl.col("_general").any().alias("general_rule"),
     )
 
 
@@ -691,7 +697,8 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
             aggs.append(pl.col(c).min())
         elif c in {"line_last", "elapsed_end_s", "t_end", "gen_progress"}:
             aggs.append(pl.col(c).max())
-        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings", "synthetic"}:
+        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings", "synthetic",
+                   "general_rule"}:
             aggs.append(pl.col(c).any())
         else:
             aggs.append(pl.col(c).drop_nulls().first())
@@ -754,10 +761,15 @@ def _in_flight_close(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr) -> p
     can be answered then, and a request that closed earlier and still waits for its line still comes first in the
     queue.  Per instance, with the requests sorted by their first line: the requests in flight at a line are those
     begun by then less those closed before it, and when that is one, it is the one whose close is the largest of
-    those begun (a running maximum): no pairing of lines with requests."""
+    those begun (a running maximum): no pairing of lines with requests.  A slot's first request whose start the
+    text does not show (an excerpt that begins inside it) was in flight when the text began."""
     keys = ["ikey", "instance_no"]
-    spans = req.with_row_index("_ri").select(*keys, "_ri", pl.coalesce("start_line", "line_first").alias("_from"),
-                                             close.alias("_to"))
+    began = pl.coalesce("start_line", "line_first")
+    if "slot" in req.columns:
+        first_on_slot = began.rank("ordinal").over([*keys, "slot"]) == 1
+        began = pl.when(pl.col("start_line").is_null() & first_on_slot & pl.col("slot").is_not_null()).then(
+            pl.lit(0, dtype=pl.Int64)).otherwise(began)
+    spans = req.with_row_index("_ri").select(*keys, "_ri", began.alias("_from"), close.alias("_to"))
     eff = spans["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy().copy()
     # (a failure status inside a task's span is the handler refusing some other request: --jinja missing, ...)
     posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64))
@@ -840,7 +852,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
     )
     # era 2 releases carry no truncated flag: a context shift is the only sign
     df = df.with_columns(stop.alias("stop_reason"), pl.coalesce("truncated", "context_shift").fill_null(False)
-                         .alias("truncated"), pl.col("truncated_prompt_tokens").is_not_null().alias("prompt_truncated"))
+                         .alias("truncated"), pl.col("truncated_prompt_tokens").is_not_null().alias("prompt_truncated"),
+                         # which rule read it: a format's kinds, or the general rule for an unknown layout
+                         pl.when(pl.col("general_rule").fill_null(False)).then(pl.lit("general"))
+                         .otherwise(pl.lit("format")).alias("read_by"))
     df = df.sort("line_first").with_columns(
         pl.col("line_first").rank("ordinal").over(["ikey", "instance_no", "slot"]).cast(pl.Int64).alias("seq"))
     return df
