@@ -142,11 +142,35 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
 
 
 def _task_goes_down(ev: pl.DataFrame, ikey: pl.Series) -> bool:
-    """Whether any slot's task id ever goes down from one line to the next (never, in one server's log without a
-    restart): the cheap test before ``_parallel_streams`` looks closer."""
-    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey}).filter(
+    """Whether any slot's task id ever goes down from one line to the next, or changes at a line that is not the new
+    task's start (neither happens in one server's log without a restart): the cheap test before
+    ``_parallel_streams`` looks closer."""
+    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey, "_st": ev["role"] == "start"}).filter(
         (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
-    return bool(lines.select((pl.col("task").diff().over("slot") < 0).any()).item())
+    step = pl.col("task").diff().over("slot")
+    return bool(lines.select(((step < 0) | ((step != 0) & ~pl.col("_st"))).any()).item())
+
+
+def _running_before(lines: pl.DataFrame, per_task: pl.DataFrame) -> pl.DataFrame:
+    """Tasks whose lines come on a slot after another task started there and before it was released, with no start
+    of their own in the text: they were running already, beside it (``per_task`` with ``_from`` moved to just after
+    that start, so their spans overlap)."""
+    starts = lines.filter(pl.col("_st")).group_by("slot", "task").agg(pl.col("_i").min().alias("_s"))
+    if starts.is_empty():
+        return per_task
+    rel = lines.filter(pl.col("_rel")).group_by("slot", "task").agg(pl.col("_i").min().alias("_r"))
+    opened = starts.join(rel, on=["slot", "task"], how="left").rename({"task": "_a"}).sort("_s")
+    loose = per_task.join(starts.select("slot", "task"), on=["slot", "task"], how="anti").sort("_from")
+    hit = (loose.join_asof(opened, left_on="_from", right_on="_s", by="slot", strategy="backward",
+                          check_sortedness=False)
+           .filter(pl.col("_s").is_not_null() & (pl.col("_a") != pl.col("task"))
+                   & (pl.col("_r").is_null() | (pl.col("_r") > pl.col("_from"))))
+           .select("slot", "task", (pl.col("_s") + 0.5).alias("_moved")))
+    if hit.is_empty():
+        return per_task
+    return (per_task.with_columns(pl.col("_from").cast(pl.Float64)).join(hit, on=["slot", "task"], how="left")
+            .with_columns(pl.coalesce("_moved", "_from").alias("_from"), (pl.col("_moved").is_not_null()).alias("_was"))
+            .drop("_moved"))
 
 
 def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
@@ -158,7 +182,7 @@ def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
     if "slot" not in ev.columns or "task" not in ev.columns or not _task_goes_down(ev, ikey):
         return ikey
     lines = pl.DataFrame({"_i": np.arange(ev.height), "ikey": ikey, "slot": ev["slot"], "task": ev["task"],
-                          "_rel": ev["role"] == "release"}).filter(
+                          "_rel": ev["role"] == "release", "_st": ev["role"] == "start"}).filter(
         (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
     if lines.height < 4:
         return ikey
@@ -168,7 +192,10 @@ def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
                               .cum_sum().over("slot").alias("_run"))
     per_task = runs.group_by("slot", "task").agg(pl.col("_run").n_unique().alias("_runs"), pl.col("_i").min()
                                                    .alias("_from"), pl.col("_i").max().alias("_to"))
-    mixed = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    per_task = _running_before(lines, per_task)
+    alternating = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    beside = per_task.filter(pl.col("_was"))["slot"] if "_was" in per_task.columns else alternating.head(0)
+    mixed = pl.concat([alternating, beside.cast(alternating.dtype)]).unique(maintain_order=True)
     if mixed.is_empty():
         return ikey
     colours = []
@@ -399,6 +426,7 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
     total = np.isin(la.kinds, list(fmt.with_role("timing_total")))
     ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
     release = np.isin(la.kinds, list(fmt.with_role("release"))) & ~np.isnan(la.slot) & ~np.isnan(la.task)
+    synth = np.isin(la.kinds, list(fmt.with_role("synth_start")))
     taker = np.isin(la.kinds, takers)
     for idx in _groups(keys, la.inst):
         o = taker[idx] & np.isnan(la.slot[idx])
@@ -420,6 +448,16 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
         own = ~followed[block] & holds[block]
         la.slot[rows[own]] = 0
         la.task[rows[own]] = la.line[idx[first[block[own]]]]
+        # a run that ends nothing, whose next request line opens a request of its own (a timing block with no
+        # header, era 1 and koboldcpp), is that request's: its progress lines, printed before its timings
+        at = np.where(~np.isnan(la.slot[idx]), np.arange(len(idx)), len(idx))
+        nxt_req = np.minimum.accumulate(at[::-1])[::-1]
+        ahead = nxt_req[np.minimum(last + 1, len(idx) - 1)]
+        joins = ~followed & ~holds & (last + 1 < len(idx)) & (ahead < len(idx))
+        joins &= synth[idx[np.minimum(ahead, len(idx) - 1)]]
+        to_open = joins[block]
+        la.slot[rows[to_open]] = la.slot[idx[ahead[block[to_open]]]]
+        la.task[rows[to_open]] = la.task[idx[ahead[block[to_open]]]]
 
 
 def _tie_slot_task_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:

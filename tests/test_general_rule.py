@@ -93,3 +93,17 @@ def test_a_paste_of_a_models_loading_alone_is_a_log(tmp_path: Path) -> None:
     """fork-ramalama-2124: only `print_info:` lines of the loader; read as one instance, not refused."""
     t = read(tmp_path, excerpt("fork-ramalama-2124"))
     assert t["instances"].height == 1 and t["requests"].height == 0
+
+
+def test_a_task_already_running_beside_another_is_another_servers(tmp_path: Path) -> None:
+    """fork-ollama-18090-b: task 2044 starts on slot 0 and is not released when task 4121, with no start of its own,
+    reports 673 generated tokens on slot 0: two servers in one journal."""
+    t = read(tmp_path, excerpt("fork-ollama-18090-b"))
+    assert t["requests"].sort("line_first").select("instance", "task").rows() == [("server", 2044), ("server@2", 4121)]
+
+
+def test_progress_lines_before_a_timing_block_are_its_request(tmp_path: Path) -> None:
+    """fork-koboldcpp-678: `Generating (k / 512 tokens)` lines with the access lines between them, then the
+    `llama_print_timings` block that is the request: its cap is 512."""
+    r = read(tmp_path, excerpt("fork-koboldcpp-678"))["requests"]
+    assert r.select("n_predict", "gen_tokens").rows() == [(512, 26)]
