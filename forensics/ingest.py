@@ -84,6 +84,7 @@ class IngestResult:
     mapping_failed: str = ""  # the --mapping read nothing from any file it names (an error even with --keep-going)
     compacted: str = ""  # what the compaction that followed this ingest did, when the store had many part files
     analysed: Any = None  # what the analysis that followed it did (forensics.analyse.Analysed), when one ran
+    general_requests: int = 0  # requests read by the general rule (a line layout no format knows)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -899,6 +900,7 @@ class LogParse:
             instances = None
         out = ing._requests_frame(final, self.path, self.label, instances)
         ing.txn.write("requests", out, run=run, name=f"{file.file_id}-req-{part_name}")
+        ing.result.general_requests += out.filter(pl.col("read_by") == "general").height
         return out.height
 
 

@@ -108,6 +108,8 @@ REQUESTS = [
     Column("http_path", STR, "HTTP path of the request line tied to it"),
     Column("error", STR, "error text tied to the task (send_error, exception)"),
     Column("complete", BOOL, "the log shows the request's end (release or timings)"),
+    Column("read_by", STR, "format: read from lines a format knows; general: from lines of a layout no format knows, "
+           "by the general rule (a slot or task id with token counts or timings, parsers/formats/general.toml)"),
     Column("t_start", TS, "absolute start time when an anchor exists"),
     Column("t_end", TS, "absolute end time when an anchor exists"),
     Column("elapsed_start_s", F64, "start, seconds since process start (when the log has elapsed time)"),

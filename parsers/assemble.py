@@ -142,11 +142,35 @@ def assign_instances(ev: pl.DataFrame, fmt: Format, state: AssembleState) -> pl.
 
 
 def _task_goes_down(ev: pl.DataFrame, ikey: pl.Series) -> bool:
-    """Whether any slot's task id ever goes down from one line to the next (never, in one server's log without a
-    restart): the cheap test before ``_parallel_streams`` looks closer."""
-    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey}).filter(
+    """Whether any slot's task id ever goes down from one line to the next, or changes at a line that is not the new
+    task's start (neither happens in one server's log without a restart): the cheap test before
+    ``_parallel_streams`` looks closer."""
+    lines = pl.DataFrame({"slot": ev["slot"], "task": ev["task"], "ikey": ikey, "_st": ev["role"] == "start"}).filter(
         (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
-    return bool(lines.select((pl.col("task").diff().over("slot") < 0).any()).item())
+    step = pl.col("task").diff().over("slot")
+    return bool(lines.select(((step < 0) | ((step != 0) & ~pl.col("_st"))).any()).item())
+
+
+def _running_before(lines: pl.DataFrame, per_task: pl.DataFrame) -> pl.DataFrame:
+    """Tasks whose lines come on a slot after another task started there and before it was released, with no start
+    of their own in the text: they were running already, beside it (``per_task`` with ``_from`` moved to just after
+    that start, so their spans overlap)."""
+    starts = lines.filter(pl.col("_st")).group_by("slot", "task").agg(pl.col("_i").min().alias("_s"))
+    if starts.is_empty():
+        return per_task
+    rel = lines.filter(pl.col("_rel")).group_by("slot", "task").agg(pl.col("_i").min().alias("_r"))
+    opened = starts.join(rel, on=["slot", "task"], how="left").rename({"task": "_a"}).sort("_s")
+    loose = per_task.join(starts.select("slot", "task"), on=["slot", "task"], how="anti").sort("_from")
+    hit = (loose.join_asof(opened, left_on="_from", right_on="_s", by="slot", strategy="backward",
+                          check_sortedness=False)
+           .filter(pl.col("_s").is_not_null() & (pl.col("_a") != pl.col("task"))
+                   & (pl.col("_r").is_null() | (pl.col("_r") > pl.col("_from"))))
+           .select("slot", "task", (pl.col("_s") + 0.5).alias("_moved")))
+    if hit.is_empty():
+        return per_task
+    return (per_task.with_columns(pl.col("_from").cast(pl.Float64)).join(hit, on=["slot", "task"], how="left")
+            .with_columns(pl.coalesce("_moved", "_from").alias("_from"), (pl.col("_moved").is_not_null()).alias("_was"))
+            .drop("_moved"))
 
 
 def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
@@ -158,7 +182,7 @@ def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
     if "slot" not in ev.columns or "task" not in ev.columns or not _task_goes_down(ev, ikey):
         return ikey
     lines = pl.DataFrame({"_i": np.arange(ev.height), "ikey": ikey, "slot": ev["slot"], "task": ev["task"],
-                          "_rel": ev["role"] == "release"}).filter(
+                          "_rel": ev["role"] == "release", "_st": ev["role"] == "start"}).filter(
         (pl.col("ikey") == -1) & pl.col("slot").is_not_null() & (pl.col("task") >= 0))
     if lines.height < 4:
         return ikey
@@ -168,7 +192,10 @@ def _parallel_streams(ev: pl.DataFrame, ikey: pl.Series) -> pl.Series:
                               .cum_sum().over("slot").alias("_run"))
     per_task = runs.group_by("slot", "task").agg(pl.col("_run").n_unique().alias("_runs"), pl.col("_i").min()
                                                    .alias("_from"), pl.col("_i").max().alias("_to"))
-    mixed = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    per_task = _running_before(lines, per_task)
+    alternating = per_task.filter(pl.col("_runs") > 1).group_by("slot").len().filter(pl.col("len") > 1)["slot"]
+    beside = per_task.filter(pl.col("_was"))["slot"] if "_was" in per_task.columns else alternating.head(0)
+    mixed = pl.concat([alternating, beside.cast(alternating.dtype)]).unique(maintain_order=True)
     if mixed.is_empty():
         return ikey
     colours = []
@@ -399,6 +426,7 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
     total = np.isin(la.kinds, list(fmt.with_role("timing_total")))
     ending = np.isin(la.kinds, list(fmt.with_role("timing_prompt", "timing_eval", "timing_total", "ctx_train_cap")))
     release = np.isin(la.kinds, list(fmt.with_role("release"))) & ~np.isnan(la.slot) & ~np.isnan(la.task)
+    synth = np.isin(la.kinds, list(fmt.with_role("synth_start")))
     taker = np.isin(la.kinds, takers)
     for idx in _groups(keys, la.inst):
         o = taker[idx] & np.isnan(la.slot[idx])
@@ -420,6 +448,16 @@ def _orphan_blocks(la: _LineArrays, keys: np.ndarray, fmt: Format, takers: list[
         own = ~followed[block] & holds[block]
         la.slot[rows[own]] = 0
         la.task[rows[own]] = la.line[idx[first[block[own]]]]
+        # a run that ends nothing, whose next request line opens a request of its own (a timing block with no
+        # header, era 1 and koboldcpp), is that request's: its progress lines, printed before its timings
+        at = np.where(~np.isnan(la.slot[idx]), np.arange(len(idx)), len(idx))
+        nxt_req = np.minimum.accumulate(at[::-1])[::-1]
+        ahead = nxt_req[np.minimum(last + 1, len(idx) - 1)]
+        joins = ~followed & ~holds & (last + 1 < len(idx)) & (ahead < len(idx))
+        joins &= synth[idx[np.minimum(ahead, len(idx) - 1)]]
+        to_open = joins[block]
+        la.slot[rows[to_open]] = la.slot[idx[ahead[block[to_open]]]]
+        la.task[rows[to_open]] = la.task[idx[ahead[block[to_open]]]]
 
 
 def _tie_slot_task_errors(la: _LineArrays, ev: pl.DataFrame, fmt: Format) -> None:
@@ -577,7 +615,8 @@ REQUEST_FIELDS: dict[str, pl.DataType | type[pl.DataType]] = {
     "tokens": pl.Int64, "n_past": pl.Int64, "truncated": pl.Boolean, "n_predict": pl.Int64,
     "error": pl.String, "stop_type": pl.String, "gen_tokens": pl.Int64, "status": pl.Int64,
     "method": pl.String, "http_path": pl.String, "truncated_prompt_tokens": pl.Int64, "cached_tokens": pl.Int64,
-    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64}
+    "n_ctx_train": pl.Int64, "prompt_eval_tokens": pl.Int64, "n_tokens_in_cache": pl.Int64,
+    "prompt_ms": pl.Float64, "gen_ms": pl.Float64}
 
 
 def partial_requests(ev: pl.DataFrame, fmt: Format) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -604,21 +643,24 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
     def only(kinds: tuple[str, ...], col: str | pl.Expr) -> pl.Expr:
         return pl.when(k.is_in(kinds)).then(pl.col(col) if isinstance(col, str) else col)
 
+    general = role("general")  # the general rule's lines (general.toml): a line stating a generation time ended
+    ended = k.is_in(general) & pl.col("gen_ms").is_not_null()
     return req.with_columns(
-        only(role("start"), "line_no").alias("_start"),
+        only((*role("start"), *general), "line_no").alias("_start"),
         # where the request ended, for its HTTP line: its release, its timing block (printed once it ended; era 1
         # runs one request at a time, so its HTTP line may sit inside the block), a cancel or an error
-        only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no").alias("_close"),
-        only(role("prompt", "error", "ctx_train_cap"), "prompt_tokens").alias("_pt"),
+        pl.coalesce(only((*role("release", "synth_start", "cancel", "error"), *role.block_end()), "line_no"),
+                    pl.when(ended).then(pl.col("line_no"))).alias("_close"),
+        only(role("prompt", "error", "ctx_train_cap", "general"), "prompt_tokens").alias("_pt"),
         only(role("prompt_alt"), "prompt_tokens").alias("_pt_alt"),
         only(role("kv_trim"), "p0").alias("_p0"),
         pl.col("n_ctx_slot").alias("_nctx"),  # every line that states it states the slot's context
         only(role("truncate"), "truncated_prompt_tokens").alias("_tpt"),
         pl.col("cached_tokens").alias("_cached"),  # every line that states it states the cache hit
-        only(role("timing_prompt"), "ms").alias("_pms"),
+        pl.coalesce(only(role("timing_prompt"), "ms"), only(general, "prompt_ms")).alias("_pms"),
         only(role("timing_prompt"), "tokens").alias("_ptok"),
         pl.col("prompt_eval_tokens").alias("_peval"),
-        only(role("timing_eval"), "ms").alias("_gms"),
+        pl.coalesce(only(role("timing_eval"), "ms"), only(general, "gen_ms")).alias("_gms"),
         only(role("timing_eval"), "tokens").alias("_gtok"),
         only(role("timing_total"), "ms").alias("_tms"),
         # the tokens in the slot at release: n_past / n_tokens, era 2's `released (N tokens in cache)`
@@ -631,7 +673,8 @@ def _mask_fields(req: pl.DataFrame, role: Roles) -> pl.DataFrame:
         k.is_in(role("cancel")).alias("_cancel"),
         k.is_in(role("ctx_train_cap")).alias("_cap"),
         k.is_in(role("release")).alias("_rel"),
-        k.is_in(role.block_end()).alias("_tim"),
+        (k.is_in(role.block_end()) | ended).alias("_tim"),
+        k.is_in(general).alias("_general"),
         k.is_in(role("synth_start")).alias("_synth"),
     )
 
@@ -671,6 +714,7 @@ def _aggregate_requests(req: pl.DataFrame) -> pl.DataFrame:
         pl.col("_rel").any().alias("has_release"),
         pl.col("_tim").any().alias("has_timings"),
         pl.col("_synth").any().alias("synthetic"),
+        pl.col("_general").any().alias("general_rule"),
     )
 
 
@@ -691,7 +735,8 @@ def merge_partials(parts: list[pl.DataFrame]) -> pl.DataFrame:
             aggs.append(pl.col(c).min())
         elif c in {"line_last", "elapsed_end_s", "t_end", "gen_progress"}:
             aggs.append(pl.col(c).max())
-        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings", "synthetic"}:
+        elif c in {"context_shift", "cancelled", "ctx_train_cap", "has_release", "has_timings", "synthetic",
+                   "general_rule"}:
             aggs.append(pl.col(c).any())
         else:
             aggs.append(pl.col(c).drop_nulls().first())
@@ -754,10 +799,15 @@ def _in_flight_close(req: pl.DataFrame, http: pl.DataFrame, close: pl.Expr) -> p
     can be answered then, and a request that closed earlier and still waits for its line still comes first in the
     queue.  Per instance, with the requests sorted by their first line: the requests in flight at a line are those
     begun by then less those closed before it, and when that is one, it is the one whose close is the largest of
-    those begun (a running maximum): no pairing of lines with requests."""
+    those begun (a running maximum): no pairing of lines with requests.  A slot's first request whose start the
+    text does not show (an excerpt that begins inside it) was in flight when the text began."""
     keys = ["ikey", "instance_no"]
-    spans = req.with_row_index("_ri").select(*keys, "_ri", pl.coalesce("start_line", "line_first").alias("_from"),
-                                             close.alias("_to"))
+    began = pl.coalesce("start_line", "line_first")
+    if "slot" in req.columns:
+        first_on_slot = began.rank("ordinal").over([*keys, "slot"]) == 1
+        began = pl.when(pl.col("start_line").is_null() & first_on_slot & pl.col("slot").is_not_null()).then(
+            pl.lit(0, dtype=pl.Int64)).otherwise(began)
+    spans = req.with_row_index("_ri").select(*keys, "_ri", began.alias("_from"), close.alias("_to"))
     eff = spans["_to"].cast(pl.Float64).fill_null(np.inf).to_numpy().copy()
     # (a failure status inside a task's span is the handler refusing some other request: --jinja missing, ...)
     posts = http.filter(pl.col("status").cast(pl.Int64) < 400).select(*keys, pl.col("line_no").cast(pl.Int64))
@@ -840,7 +890,10 @@ def finish_requests(df: pl.DataFrame) -> pl.DataFrame:
     )
     # era 2 releases carry no truncated flag: a context shift is the only sign
     df = df.with_columns(stop.alias("stop_reason"), pl.coalesce("truncated", "context_shift").fill_null(False)
-                         .alias("truncated"), pl.col("truncated_prompt_tokens").is_not_null().alias("prompt_truncated"))
+                         .alias("truncated"), pl.col("truncated_prompt_tokens").is_not_null().alias("prompt_truncated"),
+                         # which rule read it: a format's kinds, or the general rule for an unknown layout
+                         pl.when(pl.col("general_rule").fill_null(False)).then(pl.lit("general"))
+                         .otherwise(pl.lit("format")).alias("read_by"))
     df = df.sort("line_first").with_columns(
         pl.col("line_first").rank("ordinal").over(["ikey", "instance_no", "slot"]).cast(pl.Int64).alias("seq"))
     return df

@@ -807,6 +807,10 @@ class Engine:
         if kind.keys:
             tail = fr.tail.gather(rows)
             part = part.with_columns([key_values(tail, key).alias(f) for f, key in kind.keys if f not in part.columns])
+        if kind.anywhere:  # fields in any order: each searched in the line on its own (only lines no format knows)
+            body = fr.body.gather(rows)
+            part = part.with_columns([body.str.extract(pattern, 1).alias(f) for f, pattern in kind.anywhere
+                                      if f not in part.columns])
         part = part.with_columns(pl.lit(kind.name, dtype=kind_dtype()).alias("kind"),
                                  pl.lit(kind.role, dtype=role_dtype()).alias("role"))
         return self._type(part)

@@ -39,6 +39,7 @@ ROLES = {
     "start", "synth_start", "release", "prompt", "prompt_alt", "truncate", "cache", "kv_trim", "timing_header",
     "timing_prompt", "timing_eval", "timing_total", "progress", "error", "cancel", "context_shift",
     "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "failure", "other",
+    "general",  # a line of a layout no format knows, read by the general rule (general.toml)
 }
 IDENTITY = {"slot", "task"}  # fields that say whose a line is, not a fact about it (a skipped line may name them)
 # Old format names that still work with --format.
@@ -77,6 +78,8 @@ class Kind:
     exclude: str = ""  # a line the regex matches is not this kind when this regex also matches (no look-arounds)
     bare: bool = False  # text kinds: the regex covers the whole line (no elapsed/level prefix is put before it)
     loose: bool = False  # the regex may match text after a wrapper: tried only once wrappers are removed
+    # (field, regex with one group) searched anywhere in a line the kind's regex matched, in any order (general.toml)
+    anywhere: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,11 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
         _compiles(pattern, where, path)
     groups = tuple(dict.fromkeys(_GROUP.findall(regex)))
     keys = tuple((k, v) for k, v in (raw.get("keys") or {}).items())
+    anywhere = tuple((k, expand(v, macros)) for k, v in (raw.get("anywhere") or {}).items())
+    for _, pattern in anywhere if check else ():
+        _compiles(pattern, where, path)
     fields = load_fields()
-    for g in (*groups, *(k for k, _ in keys)):
+    for g in (*groups, *(k for k, _ in keys), *(k for k, _ in anywhere)):
         if g not in fields:
             raise FormatDefinitionError(f"{where} captures {g!r}, which fields.toml does not declare",
                                         path=str(path), hint="declare the field with its type")
@@ -161,12 +167,13 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
     if frame not in {"text", "record"}:
         raise FormatDefinitionError(f"{where} has unknown frame {frame!r}", path=str(path), hint="text or record")
     skip = bool(raw.get("skip", False))
-    if skip and (set(groups) | {k for k, _ in keys}) - IDENTITY:
+    if skip and (set(groups) | {k for k, _ in keys} | {k for k in (raw.get("anywhere") or {})}) - IDENTITY:
         raise FormatDefinitionError(f"{where} is skipped but captures fields", path=str(path),
                                     hint="a skipped line must not hide a fact: drop skip or the fields")
     return Kind(
         name=name, format=fmt, regex=regex, prefilter=raw.get("prefilter", ""), samples=samples,
-        fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys)))), frame=frame, keys=keys, role=role, skip=skip,
+        fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys), *(k for k, _ in anywhere)))), frame=frame,
+        keys=keys, anywhere=anywhere, role=role, skip=skip,
         fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
         multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
         boundary=bool(raw.get("boundary", False)), ends=bool(raw.get("ends", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),

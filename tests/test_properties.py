@@ -94,11 +94,19 @@ def _in_flight_closes(req: pl.DataFrame, http: pl.DataFrame, closes: list[int]) 
     if "line_first" not in req.columns:
         return closes
     out = list(closes)
+    began = list(req["line_first"])
+    if "slot" in req.columns:  # a slot's first request whose start the text does not show was in flight from the top
+        for i in range(req.height):
+            same = [j for j in range(req.height) if (req["ikey"][j], req["instance_no"][j], req["slot"][j])
+                    == (req["ikey"][i], req["instance_no"][i], req["slot"][i])]
+            first = min(same, key=lambda j: (req["line_first"][j], j))
+            if req["start_line"][i] is None and req["slot"][i] is not None and first == i:
+                began[i] = 0
     posts = http.filter((pl.col("method") == "POST") & (pl.col("status") < 400)).sort("line_no")
     for row in posts.iter_rows(named=True):
         h, key = row["line_no"], (row["ikey"], row["instance_no"])
         live = [i for i in range(req.height) if (req["ikey"][i], req["instance_no"][i]) == key
-                and req["line_first"][i] <= h <= closes[i]]
+                and began[i] <= h <= closes[i]]
         if len(live) == 1:
             out[live[0]] = min(out[live[0]], h)
     return out
@@ -143,8 +151,11 @@ def test_http_lines_tied_first_in_first_out(data: st.DataObject, spans: bool) ->
                        schema={"ikey": pl.Int64, "instance_no": pl.Int64, "close_line": pl.Int64,
                                "line_last": pl.Int64})
     if spans:
+        starts = [data.draw(st.one_of(st.none(), st.just(f))) for f in firsts]
         req = req.with_columns(pl.Series("line_first", firsts, dtype=pl.Int64),
-                               pl.lit(None, dtype=pl.Int64).alias("start_line"))
+                               pl.Series("start_line", starts, dtype=pl.Int64),
+                               pl.Series("slot", [data.draw(st.one_of(st.none(), st.integers(0, 2))) for _ in reqs],
+                                         dtype=pl.Int64))
     http = pl.DataFrame({"ikey": [h[0][0] for h in https], "instance_no": [h[0][1] for h in https],
                          "line_no": lines, "method": [h[1] for h in https], "status": [h[2] for h in https],
                          "http_path": [f"/p{i}" for i in range(n_http)]},

@@ -114,6 +114,10 @@ def _report_ingest(result: Any, verbose: bool, store_dir: Path, seconds: float) 
                f"-> {store_dir}", err=True)
     if result.compacted:
         click.echo(result.compacted, err=True)
+    if result.general_requests:
+        click.echo(f"note: {result.general_requests} requests were read by the general rule from lines no format knows "
+                   "(a slot or task id with token counts or timings): check them with "
+                   "`forensics sql \"select * from requests where read_by = 'general'\"`", err=True)
     if result.unknown_shapes and verbose:
         click.echo("most common unknown line shapes:", err=True)
         for shape, n in result.unknown_shapes:

@@ -16,7 +16,8 @@
 -- Parameters: $runs VARCHAR[].  Relations: fx_events, requests, instances.
 WITH crash_lines AS (
     SELECT run, instance, path, min(line_no) AS line_no, max(line_no) AS line_last,
-           arg_min(ts, line_no) AS ts, arg_min(elapsed_s, line_no) AS elapsed_s,
+           arg_min(ts, line_no) FILTER (WHERE ts IS NOT NULL) AS ts,
+           arg_min(elapsed_s, line_no) FILTER (WHERE elapsed_s IS NOT NULL) AS elapsed_s,  -- the first crash line with a time
            coalesce(arg_min(error, line_no) FILTER (WHERE role = 'crash' AND error IS NOT NULL),
                     arg_min(error, line_no) FILTER (WHERE error IS NOT NULL), 'crash') AS message
     FROM fx_events
