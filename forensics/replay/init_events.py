@@ -120,7 +120,12 @@ def _tokens(stream: Stream, out: Plan, ends: list[str], picks: dict[str, str]) -
     if not options:
         return
     chosen = next((o for o in options if o[0] == picks.get("tokens_predicted")), None)
-    if chosen is None and len(options) == 2:
+    estimated = chunk is not None and any(r.get("estimated") is True for r in stream.records
+                                          if r.get(stream.kind) == chunk[1])
+    if chosen is None and len(options) == 2 and estimated:
+        out.guesses.append(f"tokens_predicted <- {options[0][0]}: the {chunk[1]} counts say they are estimated "  # type: ignore[index]
+                           "(estimated: true), the end event's total is the count")
+    elif chosen is None and len(options) == 2:
         agree, both = _agreement(stream, total, chunk)
         if agree < both:
             out.choices.append(Choice("tokens_predicted", options, f"the {total[1]} event's {total[0]} and the sum "  # type: ignore[index]
