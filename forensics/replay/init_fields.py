@@ -120,6 +120,11 @@ def place(sample: Sample, picks: dict[str, str]) -> Plan:
         hits = _candidates(canonical, names, sample, plan)
         if not hits:
             continue
+        unit_pick = dict(_unit_options(canonical, hits[0], sample.columns)).get(picks.get(canonical, ""))
+        if unit_pick:  # a unit the user chose for a duration nothing else tells the unit of
+            plan.lines.append(unit_pick)
+            plan.placed[canonical] = hits[0]
+            continue
         if canonical in picks:
             hits = [h for h in hits if h == picks[canonical]] or hits
         elif canonical == "item" and _two_items(hits, sample.columns):
