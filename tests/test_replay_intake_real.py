@@ -3,7 +3,7 @@
 - ``forensics mapping init`` on real record files of tools the project did not know: the proposal, unedited,
   gives exactly the attempts, ok rows, failures by outcome and missing items that a mapping written by hand
   from the tool's docs gives (``*.hand.toml`` beside each file), and those agree with the facts counted by hand
-  in each file's provenance.  fixtures/replay/real-holdout/ holds files kept out of development.
+  in each file's provenance.  fixtures/replay/unshipped-holdout/ holds files kept out of development.
 - An event stream (llama-benchy's progress stream from a real llama-server): one row per request, token sums
   exact.
 - A real run folder (logs, records, manifest, /metrics and /slots dumps, unrelated JSON) ingests with exit 0
@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REAL = FIX / "real"
+REAL = FIX / "unshipped"  # real files of tools no shipped mapping reads (test_replay_real_tools has those)
 HARNESS = REAL / "gpu-kit-harness" / "dead-slot-c1024"
 DEV = {  # sample -> the mapping written by hand for its tool
     HARNESS / "client_requests.jsonl": REAL / "gpu-kit-harness" / "harness.hand.toml",
@@ -38,8 +38,8 @@ DEV = {  # sample -> the mapping written by hand for its tool
     REAL / "jmeter" / "results.jtl": REAL / "jmeter" / "jmeter.hand.toml",
     REAL / "llama-benchy" / "progress.jsonl": REAL / "llama-benchy" / "llama-benchy.hand.toml",
 }
-HOLDOUT = {p: FIX / "real-holdout" / "jmeter" / "jmeter.hand.toml"
-           for p in sorted((FIX / "real-holdout" / "jmeter").glob("*.jtl"))}
+HOLDOUT = {p: FIX / "unshipped-holdout" / "jmeter" / "jmeter.hand.toml"
+           for p in sorted((FIX / "unshipped-holdout" / "jmeter").glob("*.jtl"))}
 
 
 def forensics(*args: str) -> tuple[int, str, str]:
@@ -80,7 +80,7 @@ def test_the_harness_dead_slot_run_is_read_with_its_parse_failures(tmp_path: Pat
     truth = {(t, s) for s, ts in labels["missing_by_stage"].items() for t in ts}
     assert {(i, s) for i, s, _ in facts.missing} == truth
     assert facts.failed == {"parse_error": len(labels["unparsed_requests"])}
-    code, _, err = forensics("mapping", "init", str(HARNESS / "client_requests.jsonl"), "-o", str(tmp_path / "x"))
+    _, _, err = forensics("mapping", "init", str(HARNESS / "client_requests.jsonl"), "-o", str(tmp_path / "x"))
     assert "on the sample: 18 attempts: 12 ok, 6 parse_error; items missing: 4 of 16 (4 parse_error)" in err
 
 

@@ -184,9 +184,10 @@ def field_line(canonical: str, path: str, sample: Sample, placed: dict[str, str]
         note = "   # a monotonic clock: give [attempts] an anchor" if unit.startswith("mono") else ""
         return f'{canonical} = {{ path = "{path}", unit = "{unit}" }}{note}', None
     if canonical in DURATION_FIELDS:
-        unit, guess = duration_unit(canonical, path, values, sample.units.get(path), (sample.columns, placed))
-        if unit is None:
+        dunit, guess = duration_unit(canonical, path, values, sample.units.get(path), (sample.columns, placed))
+        if dunit is None:
             return None, guess
+        unit = dunit
         head = f'sql = "list_avg({q(path)})"' if isinstance(value, list) else f'path = "{path}"'
         return f'{canonical} = {{ {head}, unit = "{unit}" }}', guess
     if canonical == "http_status" and not all(_int_like(v) for v in values if v is not None):
