@@ -430,7 +430,7 @@ class Ingestor:
             pre = None
             fmt_name = detect_format(path)
         if fmt_name is None and self.mapping is not None and self.loaded_mapping is not None \
-                and not self.loaded_mapping.has_globs:
+                and not self.loaded_mapping.has_globs and not replay_sidefiles().is_dump(path):
             self._queue_records(path, "mapped", run)  # a mapping without globs reads what nothing else does
             return
         if fmt_name is None:
@@ -486,6 +486,8 @@ class Ingestor:
         logs), a file the --mapping names in its ``files`` globs, or a file named on the command line that a
         mapping without globs reads (in a folder, such a mapping reads what is neither records nor a log)."""
         kind = None
+        if self.loaded_mapping is not None and replay_sidefiles().is_dump(path):
+            return False  # llama-server's own /metrics or /slots dump: read as such, never by a mapping
         if _may_hold_records(path):
             from forensics import replay
 

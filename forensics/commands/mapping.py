@@ -26,23 +26,35 @@ Examples:
 @click.argument("sample", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Write the proposed mapping to this file (default: stdout).")
-def init(sample: Path, output: Path | None) -> None:
-    """Propose a mapping from SAMPLE, one record file of the harness: fields matched by name, unit and shape,
-    the ones it cannot place listed as comments; then check the proposal on SAMPLE and say what it read."""
+@click.option("--pick", "picks", multiple=True, metavar="FIELD=CHOICE",
+              help="Where two readings of a field are plausible, take this one (the proposal says which to pick "
+                   "from, e.g. --pick item=ticker).")
+def init(sample: Path, output: Path | None, picks: tuple[str, ...]) -> None:
+    """Propose a mapping from SAMPLE, one record file of the harness (or an event stream): fields matched by
+    name, unit and shape, the outcome from every field that says a request failed, the ones it cannot place
+    listed as comments. Beside it: what it guessed, what it could not decide, and what the proposal gives on
+    SAMPLE (attempts, ok, failures by outcome, items missing)."""
     from forensics.replay.mapping_init import propose
 
-    proposal = propose(sample)
+    chosen = {}
+    for pick in picks:
+        name, sep, value = pick.partition("=")
+        if not sep or not name or not value:
+            raise click.UsageError(f"--pick {pick!r}: write FIELD=CHOICE, e.g. --pick item=ticker")
+        chosen[name.strip()] = value.strip()
+    proposal = propose(sample, chosen)
     if output is not None:
         output.write_text(proposal.text, encoding="utf-8")
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(proposal.text, nl=False)
-    placed = ", ".join(f"{k} <- {v}" for k, v in proposal.placed.items())
     if proposal.problems or not proposal.attempts:
+        placed = ", ".join(f"{k} <- {v}" for k, v in proposal.placed.items())
         raise InputError(f"the proposal did not read {sample} cleanly: "
                          + ("; ".join(proposal.problems) or "no records"),
                          hint="edit the fields it placed (" + (placed or "none") + ")")
-    click.echo(f"checked on {sample}: {proposal.attempts} attempts read; placed {placed}", err=True)
+    for line in proposal.report(sample):
+        click.echo(line, err=True)
 
 
 def register(cli: click.Group) -> None:

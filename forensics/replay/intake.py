@@ -142,7 +142,11 @@ def _read_one(f: RecordFile) -> tuple[FileOutcome, list[RawRecord]]:
     except InternalError:
         raise  # a bug, not a problem of this file
     except ForensicsError as exc:
-        return FileOutcome("records:?", error=exc), []
+        if f.named:
+            return FileOutcome("records:?", error=exc), []
+        # found in a run folder: a mapping reads only what it can read, the rest is passed over and said
+        return FileOutcome("other", skipped=True, message=f"not read by mapping {f.mapping.name if f.mapping else ''}:"
+                           f" {exc.one_line()}"), []
     attempts = sum(r.kind in ("attempt", "invalid") for r in mapped.records)
     runs = sorted({str(r.obj.get("run_id")) for r in mapped.records
                    if r.kind == "manifest" and isinstance(r.obj, dict)})
@@ -221,7 +225,13 @@ def ingest_into(ing: Ingestor, store: Store) -> None:
     mapped = [str(f.path) for f in files if f.kind == "mapped"]
     if mapped and all(intake.files[p].error is not None or intake.files[p].skipped for p in mapped):
         n = len(mapped)
-        ing.result.mapping_failed = f"the mapping read nothing from the {n} file{'s' if n > 1 else ''} it names"
+        said = f"the mapping read nothing from the {n} file{'s' if n > 1 else ''} it names"
+        if any(p in ing.named for p in mapped):  # a file the user named: an error even with --keep-going
+            ing.result.mapping_failed = said
+        else:  # a run folder as it lies: ingested, and said
+            ing.result.warnings.append(f"{said} in the run folders (-v says why for each)")
+    ing.result.warnings.extend(f"{p}: {intake.files[p].message}" for p in mapped
+                               if intake.files[p].skipped and intake.files[p].message.startswith("not read by"))
     for f in ing.result.files:
         outcome = intake.files.get(f.path)
         if outcome is None or not f.kind.startswith("records:") or f.status not in ("pending", "unchanged"):

@@ -25,7 +25,7 @@ import regex
 
 from forensics.errors import InternalError, MappingError
 from forensics.paths import file_stem
-from forensics.replay import mapsql
+from forensics.replay import events, mapsql
 from forensics.replay.clock import MANIFEST, Relative
 from forensics.replay.records import RawRecord, parse_time, read_text
 
@@ -60,8 +60,9 @@ SPECIALS = ("$index", "$number", "$source", "$line")
 DOC = "$doc."  # a path from the document a record is in (a run-level field of a file of nested records)
 NULL = "$null"  # as a value in the mapping (set, default, map): null
 FORMATS = ("json", "jsonl", "csv", "yaml", "text")  # text: the whole file is one record {text}
-LAYOUTS = ("records", "parallel_arrays", "keyed_rows")
-FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional", "absent"}
+LAYOUTS = ("records", "parallel_arrays", "keyed_rows", "events")  # events: one row per key (see replay.events)
+FIELD_KEYS = {"path", "sql", "unit", "scale", "map", "default", "optional", "absent", "take", "when"}
+TAKES = ("first", "last", "count", "sum", "min", "max")  # how an events layout takes a field over a key's events
 _MISSING = object()
 REFUSED_HINT = ("a mapping expression reads only its record's fields: files, network, tables, extensions, secrets and "
                 "settings are off")
@@ -82,6 +83,8 @@ class FieldSpec:
     sql: str | None = None  # a DuckDB SQL expression over the record's fields
     absent: str | None = None  # optional, and what ingest says once when a data file has none of its inputs
     sql_alternatives: tuple[str, ...] = ()  # sql = [a, b, ...]: the first whose fields the data file has
+    take: str | None = None  # layout "events": first (default), last, count, sum, min or max over a key's events
+    when: str | None = None  # layout "events": the events the field is taken from (a SQL condition on an event)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Section:
     files: tuple[str, ...] = ()  # globs on the data file's name: the section reads matching files only
     where: str | None = None  # keep only the records for which this SQL expression is true
     anchors: tuple[FieldSpec | str, ...] = ()  # wall-clock anchors of relative times (a field, or "manifest")
-    key: str | None = None  # keyed_rows: the column whose value names each row (default: each table's first)
+    key: str | None = None  # keyed_rows: the column naming each row; events: the expression keying each event
 
     def applies_to(self, data: Path) -> bool:
         return not self.files or any(fnmatch.fnmatch(data.name, g) for g in self.files)
@@ -219,11 +222,38 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         if not isinstance(where, str):
             raise MappingError(f"[{name}] where must be a SQL expression string", path=src)
         _check_sql(where, f"[{name}] where", src)
-    key_column = raw.get("key")
-    if key_column is not None and (layout != "keyed_rows" or not isinstance(key_column, str)):
-        raise MappingError(f"[{name}] key names a column, and only with layout = \"keyed_rows\"", path=src)
+    key_column = _key(raw.get("key"), layout, name, src)
+    _check_events(specs, layout, raw.get("anchor"), name, src)
     return Section(paths_t, layout, tuple(specs), _globs(raw.get("files"), name, src), where,
                    _anchors(raw.get("anchor"), name, src), key_column)
+
+
+def _key(key: Any, layout: str, name: str, src: str) -> str | None:
+    """``key``: a keyed_rows section's column, or what keys an events section's events (a SQL expression)."""
+    if key is None:
+        if layout == "events":
+            raise MappingError(f"[{name}] layout = \"events\" needs key: what ties an event to its request "
+                               "(e.g. key = \"request_id\")", path=src)
+        return None
+    if layout not in ("keyed_rows", "events") or not isinstance(key, str):
+        raise MappingError(f"[{name}] key names a column, and only with layout = \"keyed_rows\" or \"events\"",
+                           path=src)
+    if layout == "events":
+        _check_sql(key, f"[{name}] key", src)
+    return key
+
+
+def _check_events(specs: list[FieldSpec], layout: str, anchor: Any, name: str, src: str) -> None:
+    """``take`` and ``when`` belong to an events layout, whose anchor can only be the manifest (a field of
+    the events is not one value per file)."""
+    if layout != "events":
+        odd = [s.canonical for s in specs if s.take is not None or s.when is not None]
+        if odd:
+            raise MappingError(f"[{name}.fields] {odd[0]}: take and when apply to layout = \"events\"", path=src)
+        return
+    if anchor is not None and any(a != MANIFEST for a in (anchor if isinstance(anchor, list) else [anchor])):
+        raise MappingError(f"[{name}] anchor: an events layout is anchored at \"manifest\" only", path=src,
+                           hint="map started_at to a wall-clock field of the events instead")
 
 
 def _globs(files: Any, name: str, src: str) -> tuple[str, ...]:
@@ -271,7 +301,7 @@ def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: st
     bad = set(spec) - FIELD_KEYS
     if bad or ("path" in spec) == ("sql" in spec):
         raise MappingError(f"[{name}.fields] {key}: give path or sql, and optionally unit, scale, map, default, "
-                           "optional" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
+                           "optional, take, when" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
     unit = spec.get("unit")
     if unit is not None:
         _check_unit(key, allowed[key], unit, name, src)
@@ -287,9 +317,15 @@ def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: st
     if absent is not None and not (isinstance(absent, str) and absent.strip()):
         raise MappingError(f"[{name}.fields] {key}: absent must be the sentence to say when a file lacks the field",
                            path=src)
+    take, when = spec.get("take"), spec.get("when")
+    if take is not None and take not in TAKES:
+        raise MappingError(f"[{name}.fields] {key}: take = {take!r} is not one of {', '.join(TAKES)}", path=src)
+    if when is not None:
+        _check_sql(when, f"[{name}.fields] {key} when", src)
     return FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), value_map, _null(spec.get("default")),
                      optional=bool(spec.get("optional", False)) or absent is not None, alternatives=alts,
-                     sql=sqls[0] if sqls else None, absent=absent, sql_alternatives=sqls if len(sqls) > 1 else ())
+                     sql=sqls[0] if sqls else None, absent=absent, sql_alternatives=sqls if len(sqls) > 1 else (),
+                     take=take, when=when)
 
 
 def _check_unit(key: str, kind: str, unit: str, name: str, src: str) -> None:
@@ -435,7 +471,7 @@ def read_data(mapping: Mapping, data: Path) -> DataFile:
                 except json.JSONDecodeError:
                     recs.append(_Invalid(f"not valid JSON on line {i}"))
                 lines.append(i)
-        return DataFile(data, fmt, [recs], lines)
+        return DataFile(data, fmt, [recs], lines, text)  # the text: an events layout reads the lines in bulk
     reader = csv.DictReader(io.StringIO(text))
     rows: list[Any] = []
     at: list[int] = []
@@ -947,7 +983,13 @@ def _apply_manifest(mapping: Mapping, sec: Section, df: DataFile, base: Path, ou
 
 def _apply_attempts(mapping: Mapping, sec: Section, df: DataFile, base: Path, out: Mapped) -> bool:
     """Append the attempts of ``df`` to ``out``; return whether the file has the section's records at all."""
-    if sec.layout == "parallel_arrays":
+    if sec.layout == "events":  # one row per key, each field taken from the events that carry it
+        objs = None if df.fmt == "jsonl" and sec.paths == ("",) else [
+            (r.obj, r.line) for r in _record_rows(sec, df)[0] if isinstance(r.obj, dict)]
+        grouped = events.group(mapping, sec, df, objs)
+        rows, found, sec = [_Row(o, i, "", ln) for i, (o, ln) in enumerate(grouped.rows)], grouped.found, grouped.section
+        out.notes.extend(grouped.notes)
+    elif sec.layout == "parallel_arrays":
         rows, found = _parallel_rows(sec, df)
         sec = _resolve(sec, rows)
         _check_fields(sec, rows, mapping, "attempts", df.path)

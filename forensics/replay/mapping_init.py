@@ -1,17 +1,19 @@
-"""``forensics mapping init SAMPLE``: propose a mapping from one sample record file, and check it on the sample.
+"""``forensics mapping init SAMPLE``: propose a mapping from one sample record file, and say how sure it is.
 
 The sample's records are found where they are (the lines of a JSONL or CSV file; the longest list of objects
 in a JSON or YAML document; a JSON object of equal-length arrays, as vLLM writes, is read as parallel arrays).
-Each canonical field is matched to the record's fields by name (``prompt_tokens``, ``ttft``, ``start_time``),
-by unit (a ``_ms``/``_s``/``_ns`` suffix; an epoch's magnitude: seconds, milliseconds, nanoseconds; small
-readings of a monotonic clock) and by shape (an object with ``prompt_n`` is llama-server's ``timings``; an error
-field or a boolean success flag gives the outcome).  Fields it cannot place are listed as comments, so the user
-sees what was left out.  The proposal is then loaded and applied to the sample, and what it read is reported.
+A stream of events (one line per event, tied by a request id) is proposed as an events layout
+(``init_events``).  Each canonical field of the attempt schema is matched to a field of the records by name,
+unit and shape (``init_fields``); the outcome reads every field that says a request failed (``init_outcome``).
+The run id comes from the records when they carry one, else from the file's name.
+
+Beside the proposal it says what it placed, what it guessed and why, what it could not decide (both readings,
+and ``--pick FIELD=CHOICE`` to take one), and what the proposal gives on the sample: attempts, ok, failures by
+outcome, items missing (``init_check``).  Fields it cannot place are listed as comments in the proposal.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -19,49 +21,52 @@ from pathlib import Path
 from typing import Any
 
 from forensics.errors import ForensicsError, InputError
+from forensics.replay import init_events
+from forensics.replay.init_check import SampleFacts, read_with
+from forensics.replay.init_fields import Choice, Plan, Sample, dumps, is_timings, place
+from forensics.replay.init_outcome import outcome
 from forensics.replay.mapping import get_path, load_mapping, read_data
 
-# canonical field -> names a record's field may have (compared without case, "-" and "_", last path segment)
-NAMES: dict[str, tuple[str, ...]] = {
-    "item": ("request_id", "x_request_id", "requestid", "item", "ticker", "prompt_id", "id", "uid", "session_id"),
-    "stage": ("stage", "step", "phase", "task"),
-    "started_at": ("start_time", "started_at", "request_start_time", "request_start_ns", "request_start", "start",
-                   "sent", "send_time", "t0", "timestamp", "start_ts", "begin", "start_times"),
-    "ended_at": ("end_time", "ended_at", "request_end_time", "request_end_ns", "request_end", "end", "done",
-                 "completed_time", "t1", "end_ts", "finish_time"),
-    "latency_ms": ("latency", "e2e_latency", "request_latency", "end_to_end_latency", "e2el", "latency_ms",
-                   "latency_s", "end_to_end_latency_s", "duration", "duration_ms", "elapsed", "query_latency"),
-    "ttft_ms": ("ttft", "ttfts", "time_to_first_token", "ttft_ms", "ttft_s", "time_to_first_token_ms",
-                "first_chunk_latency", "first_token_latency"),
-    "itl_ms": ("itl", "itls", "inter_token_latency", "itl_ms", "inter_token_latency_ms", "inter_token_latency_s"),
-    "tokens_evaluated": ("prompt_tokens", "input_tokens", "num_input_tokens", "number_input_tokens", "input_len",
-                         "input_lens", "isl", "tokens_evaluated", "n_in", "input_sequence_length"),
-    "tokens_predicted": ("completion_tokens", "output_tokens", "num_output_tokens", "number_output_tokens",
-                         "output_len", "output_lens", "osl", "tokens_predicted", "n_out", "output_sequence_length"),
-    "http_status": ("http_status", "status_code", "status", "http", "code", "error_code"),
-    "error": ("error", "error_msg", "error_message", "errors", "exception"),
-    "id_slot": ("id_slot", "slot", "slot_id"),
-    "output_text": ("output", "generated_text", "generated_texts", "text", "content", "completion"),
-    "max_tokens": ("max_tokens", "n_predict", "max_new_tokens"),
-    "stop_type": ("stop_type", "finish_reason", "stop_reason"),
-}
-SUCCESS = ("success", "ok", "succeeded", "is_success")
-TIME_FIELDS = ("started_at", "ended_at")
-DURATION_FIELDS = ("latency_ms", "ttft_ms", "itl_ms")
+SAMPLED = 500  # records looked at to place fields (the check reads the whole sample)
 
 
 @dataclass
 class Proposal:
-    """A proposed mapping (TOML text) and what it read from the sample it was made from."""
+    """A proposed mapping (TOML text), how it was made and what it reads from the sample."""
 
     text: str
     attempts: int = 0
     problems: list[str] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)  # canonical field -> the sample's field
+    guesses: list[str] = field(default_factory=list)  # "field <- path: why"
+    choices: list[Choice] = field(default_factory=list)  # left to the user
+    facts: SampleFacts = field(default_factory=SampleFacts)
+    options: dict[str, str] = field(default_factory=dict)  # "field=choice" -> what the sample gives with it
+    unplaced: list[str] = field(default_factory=list)
+    layout: str = "records"
+
+    def report(self, sample: Path) -> list[str]:
+        """The lines said beside the proposal (stderr)."""
+        placed = ", ".join(f"{k} <- {v}" for k, v in self.placed.items()) or "nothing"
+        lines = [f"checked on {sample}: {self.attempts} attempts read; placed {placed}"]
+        lines += [f"guessed: {g}" for g in self.guesses]
+        for c in self.choices:
+            picks = " or ".join(f"--pick {c.canonical}={label}" for label, _ in c.options)
+            lines.append(f"undecided: {c.canonical}: {c.why}; rerun with {picks}")
+            lines += [f"  with {c.canonical}={label}: {self.options.get(f'{c.canonical}={label}', '?')}"
+                      for label, _ in c.options]
+        lines.append(f"on the sample: {self.facts.sentence()}" + (" (the undecided fields left out)"
+                                                                  if self.choices else ""))
+        if self.unplaced:
+            lines.append(f"not placed ({len(self.unplaced)} fields, comments in the proposal): "
+                         + ", ".join(self.unplaced[:8]) + (", ..." if len(self.unplaced) > 8 else ""))
+        return lines
 
 
-def propose(sample: Path) -> Proposal:
-    """Propose a mapping for ``sample`` and check it on the sample (see the module docstring)."""
+def propose(sample: Path, picks: dict[str, str] | None = None) -> Proposal:
+    """Propose a mapping for ``sample`` and check it on the sample (see the module docstring); ``picks``:
+    canonical field -> the reading chosen where two are plausible."""
+    picks = dict(picks or {})
     if not sample.is_file():
         raise InputError("no such file", path=str(sample), hint="give a sample record file of the harness")
     fmt = _format(sample)
@@ -69,12 +74,28 @@ def propose(sample: Path) -> Proposal:
     if not records:
         raise InputError("no records found in the sample (no lines, no list of objects)", path=str(sample),
                          hint="give a file the harness writes per request")
-    fields = _fields(records[:50])
-    placed, lines = _place(fields, _units(records[:50]))
-    text = _toml(sample, fmt, (path, layout), lines, fields, placed)
-    proposal = Proposal(text, placed=placed)
+    stream = init_events.detect(records[:SAMPLED * 4]) if fmt == "jsonl" and layout == "records" else None
+    columns = _columns(records[:SAMPLED])
+    sample_fields = Sample.of(columns, _units(records[:SAMPLED]))
+    plan = init_events.plan(stream, picks) if stream else _records_plan(sample_fields, picks)
+    section = (path, "events" if stream else layout, stream.key if stream else None)
+    proposal = Proposal("", placed=plan.placed, guesses=plan.guesses, choices=plan.choices, layout=section[1])
+    reads = plan.reads()
+    proposal.unplaced = [p for p in columns if p not in reads and not any(p.startswith(f"{v}.") for v in reads)]
+    proposal.text = _toml(sample, fmt, section, plan, {p: sample_fields.first[p] for p in proposal.unplaced})
     _check(proposal, sample)
     return proposal
+
+
+def _records_plan(sample: Sample, picks: dict[str, str]) -> Plan:
+    plan = place(sample, picks)
+    result = outcome(sample, plan.placed, picks.get("outcome"))
+    plan.guesses += result.guesses
+    plan.choices += result.choices
+    if result.line:
+        plan.lines.append(result.line)
+        plan.placed["outcome"] = " + ".join(dict.fromkeys(result.reads))
+    return plan
 
 
 def _format(sample: Path) -> str:
@@ -134,14 +155,12 @@ def _lists(node: Any, path: str, depth: int = 0) -> list[tuple[str, list[dict[st
     return found
 
 
-def _fields(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Dot path -> a sample value (the first non-null), objects flattened three levels deep."""
-    out: dict[str, Any] = {}
-    for rec in records:
-        for path, value in _flatten(rec, "", 0):
-            if out.get(path) is None:
-                out[path] = value
-    return out
+def _columns(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Dot path -> its value in each record (None where a record lacks it), objects flattened four levels
+    deep and a list of objects entered at its first element (``choices.0.finish_reason``)."""
+    flat = [dict(_flatten(rec, "", 0)) for rec in records]
+    paths = list(dict.fromkeys(p for f in flat for p in f))
+    return {p: [f.get(p) for f in flat] for p in paths}
 
 
 def _units(records: list[dict[str, Any]]) -> dict[str, str]:
@@ -163,111 +182,18 @@ def _units(records: list[dict[str, Any]]) -> dict[str, str]:
 def _flatten(node: Any, prefix: str, depth: int) -> list[tuple[str, Any]]:
     if isinstance(node, dict) and "value" in node and set(node) <= {"value", "unit", "header"}:
         return [(f"{prefix}.value", node.get("value"))]  # AIPerf's {value, unit}: the unit rides on the name
-    if isinstance(node, dict) and depth < 4 and node and not _is_timings(node):
+    if isinstance(node, dict) and depth < 5 and node and not is_timings(node):
         return [pair for k, v in node.items() for pair in _flatten(v, f"{prefix}.{k}" if prefix else str(k),
                                                                    depth + 1)]
+    if isinstance(node, list) and node and isinstance(node[0], dict) and depth < 5 and prefix:
+        return [(prefix, node), *_flatten(node[0], f"{prefix}.0", depth + 1)]
     return [(prefix, node)]
 
 
-def _is_timings(obj: Any) -> bool:
-    return isinstance(obj, dict) and "prompt_n" in obj and "predicted_n" in obj
-
-
-def _norm(name: str) -> str:
-    """The field's own name: its last path segment (the one before ``.value`` in a {value, unit} object)."""
-    parts = name.split(".")
-    last = parts[-2] if len(parts) > 1 and parts[-1] == "value" else parts[-1]
-    return re.sub(r"[-_\s]", "", last.lower())
-
-
-def _place(fields: dict[str, Any], units: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Canonical field -> sample field, and the TOML lines of the fields section."""
-    placed: dict[str, str] = {}
-    lines: list[str] = []
-    timings = next((p for p, v in fields.items() if _is_timings(v)), None)
-    if timings:
-        placed["timings"] = timings
-        lines.append(f'timings = "{timings}"                      # llama-server\'s timings object')
-    for canonical, names in NAMES.items():
-        wanted = [_norm(n) for n in names]
-        hits = sorted((wanted.index(_norm(p)), p.count("."), p) for p in fields
-                      if _norm(p) in wanted and p not in placed.values())
-        if not hits:
-            continue
-        path = hits[0][2]
-        line = _line(canonical, path, fields[path], units.get(path))
-        lines.append(line)
-        if not line.startswith("#"):
-            placed[canonical] = path
-    if "outcome" not in placed:
-        lines.append(_outcome(fields, placed))
-    return placed, lines
-
-
-def _line(canonical: str, path: str, value: Any, stated: str | None = None) -> str:
-    if canonical in TIME_FIELDS:
-        unit = _time_unit(path, value)
-        return f'{canonical} = {{ path = "{path}", unit = "{unit}" }}' + ("   # a monotonic clock: give [attempts] an "
-                                                                         "anchor" if unit.startswith("mono") else "")
-    if canonical in DURATION_FIELDS:
-        sql = f"list_avg({_q(path)})" if isinstance(value, list) else None
-        head = f'sql = "{sql}"' if sql else f'path = "{path}"'
-        unit = stated if stated in ("s", "ms", "us", "ns") else _duration_unit(path, value)
-        return f'{canonical} = {{ {head}, unit = "{unit}" }}'
-    if canonical == "http_status" and not isinstance(value, (int, float)):
-        return f'# http_status: "{path}" holds {json.dumps(value)[:40]}, not a status number'
-    return f'{canonical} = "{path}"'
-
-
-def _q(path: str) -> str:
-    return ".".join(f'\\"{p}\\"' if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) else p for p in path.split("."))
-
-
-def _time_unit(path: str, value: Any) -> str:
-    if isinstance(value, str):
-        return "iso"
-    v = abs(float(value or 0))
-    low = path.lower()
-    if low.endswith("_ns") or 1e17 < v < 1e19:
-        return "epoch_ns" if v > 1e17 else "mono_ns"
-    if low.endswith("_us") or 1e14 < v < 1e16:
-        return "epoch_us"
-    if low.endswith("_ms") or 1e11 < v < 1e13:
-        return "epoch_ms"
-    return "epoch_s" if 1e9 < v < 1e10 else "mono_s"
-
-
-def _duration_unit(path: str, value: Any) -> str:
-    low = path.lower()
-    for suffix, unit in (("_ns", "ns"), ("_us", "us"), ("_ms", "ms"), ("_s", "s")):
-        if low.endswith(suffix):
-            return unit
-    v = value[0] if isinstance(value, list) and value and not isinstance(value[0], list) else value
-    try:
-        return "s" if abs(float(v)) < 100 else "ms"
-    except (TypeError, ValueError):
-        return "ms"
-
-
-def _outcome(fields: dict[str, Any], placed: dict[str, str]) -> str:
-    flag = next((p for p in fields if _norm(p) in SUCCESS and isinstance(fields[p], bool)), None)
-    if flag:
-        return f"outcome = {{ sql = \"CASE WHEN {_q(flag)} THEN 'ok' ELSE 'failed' END\" }}"
-    err = placed.get("error")
-    status = placed.get("http_status")
-    if err:
-        return f"outcome = {{ sql = \"CASE WHEN coalesce(CAST({_q(err)} AS VARCHAR), '') IN ('', '[]') THEN 'ok' " \
-               f"ELSE 'failed' END\" }}"
-    if status:
-        return f"outcome = {{ sql = \"CASE WHEN {_q(status)} < 400 THEN 'ok' ELSE 'failed' END\" }}"
-    return '# outcome: no error, status or success field found; every record is set ok below'
-
-
-def _toml(sample: Path, fmt: str, where: tuple[str, str], lines: list[str], fields: dict[str, Any],
-          placed: dict[str, str]) -> str:
-    """The proposal: [attempts] at ``where`` (path, layout), its field ``lines``, the unplaced fields as comments."""
-    path, layout = where
-    rest = [f for f in fields if f not in placed.values()]
+def _toml(sample: Path, fmt: str, section: tuple[str, str, str | None], plan: Plan, rest: dict[str, Any]) -> str:
+    """The proposal: [attempts] at (path, layout, key), the plan's field lines, its choices and the unplaced
+    fields as comments."""
+    path, layout, key = section
     head = [f"# Proposed by `forensics mapping init {sample.name}`: check each field, then keep or change it.",
             "[mapping]", f'name = "{re.sub(r"[^A-Za-z0-9_-]+", "-", sample.stem)}"', f'format = "{fmt}"', "",
             "[attempts]", f'files = "{_glob(sample.name)}"']
@@ -275,15 +201,23 @@ def _toml(sample: Path, fmt: str, where: tuple[str, str], lines: list[str], fiel
         head.append(f'path = "{path}"')
     if layout != "records":
         head.append(f'layout = "{layout}"')
-    body = ["[attempts.fields]", *lines]
-    sets = ["[attempts.set]", 'run_id = "{stem}"']
-    if not any(line.startswith("stage ") for line in lines):
+    if key:
+        head.append(f'key = "{key}"                 # one attempt per {key}: its events brought together')
+    body = ["[attempts.fields]", *plan.lines]
+    for c in plan.choices:
+        body.append(f"# UNDECIDED {c.canonical}: {c.why}; keep one of these (or --pick {c.canonical}=...):")
+        body += [f"# {line}" for _, line in c.options if line.startswith(c.canonical)]
+    sets = ["[attempts.set]"]
+    if "run_id" not in plan.placed:
+        sets.append('run_id = "{stem}"                             # the records carry no run id: the file name')
+    if "stage" not in plan.placed:
         sets.append('stage = "request"')
-    if not any(line.startswith("outcome ") for line in lines):
-        sets.append('outcome = "ok"')
-    if not any(line.startswith("item ") for line in lines):
+    if "outcome" not in plan.placed and not any(c.canonical == "outcome" for c in plan.choices):
+        sets.append('outcome = "ok"                                # no field says a request failed')
+    if "item" not in plan.placed and not any(c.canonical == "item" for c in plan.choices):
         body.append('item = "$index"                               # no request id found: the record number')
-    unknown = [f"#   {p} = {json.dumps(fields[p], default=str)[:60]}" for p in rest[:40]]
+    sets = sets if len(sets) > 1 else []
+    unknown = [f"#   {p} = {dumps(v)}" for p, v in list(rest.items())[:40]]
     tail = ["", "# fields not placed (map them if they mean something above):", *unknown] if unknown else []
     return "\n".join([*head, "", *body, "", *sets, *tail]) + "\n"
 
@@ -295,16 +229,26 @@ def _glob(name: str) -> str:
 
 
 def _check(proposal: Proposal, sample: Path) -> None:
-    from forensics import replay
-
+    """Read the sample with the proposal (and with each undecided field's readings) and keep what it gives."""
     with tempfile.TemporaryDirectory(prefix="forensics-init-") as folder:
         tmp = Path(folder) / "proposed.toml"
         tmp.write_text(proposal.text, encoding="utf-8")
         try:
-            recs = replay.load(sample, mapping=tmp)
+            proposal.facts, problems = read_with(sample, tmp)
         except ForensicsError as exc:
             proposal.problems.append(exc.one_line().replace(str(tmp), "the proposal"))
             return
-    proposal.attempts = recs.attempts.height
-    proposal.problems.extend(e.one_line() for e in recs.errors[:3])
+        proposal.attempts = proposal.facts.attempts
+        proposal.problems.extend(problems)
+        for c in proposal.choices:
+            for label, line in c.options:
+                tmp.write_text(_with(proposal.text, c.canonical, line), encoding="utf-8")
+                try:
+                    proposal.options[f"{c.canonical}={label}"] = read_with(sample, tmp)[0].sentence()
+                except ForensicsError as exc:
+                    proposal.options[f"{c.canonical}={label}"] = exc.one_line().replace(str(tmp), "the proposal")
 
+
+def _with(text: str, canonical: str, line: str) -> str:
+    """The proposal with one reading of an undecided field put in."""
+    return text.replace("[attempts.fields]\n", f"[attempts.fields]\n{line}\n", 1)

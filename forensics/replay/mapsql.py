@@ -186,11 +186,46 @@ def evaluate(exprs: dict[str, str], where: str | None, objs: Sequence[Any],
     return Evaluated(cols, keep, absent)
 
 
-def _timed(con: duckdb.DuckDBPyConnection, sql: str) -> list[Any]:
-    """The query's rows; interrupted after TIME_LIMIT_S (an expression that never ends is a bad mapping)."""
+def evaluate_texts(exprs: dict[str, str], where: str | None, texts: pl.Series, specials: dict[str, Any]
+                   ) -> tuple[pl.DataFrame, set[Path_]]:
+    """Evaluate ``exprs`` (name -> SQL) and ``where`` over records given as JSON texts, in one DuckDB query, and
+    return a frame (a column per expression, ``$where`` among them, and the ``specials`` columns) with the
+    referenced fields no record has.  Texts that are not JSON are left out.  Nothing here loops over records
+    in Python: an event stream of any length is read in bulk."""
+    every = dict(exprs)
+    if where is not None:
+        every["$where"] = where
+    refs = {r for e in every.values() for r in field_refs(e) if r[0] not in SPECIAL_COLUMNS}
+    frame = pl.DataFrame({"j": texts, **specials}, schema_overrides={"j": pl.String})
+    con = sandbox()
+    try:
+        con.register("records", frame)
+        structure = _structure(con) if refs else {}
+        absent = {r for r in refs if not _has(structure, r)}
+        for r in absent:
+            _add(structure, r)
+        unpacked = f"unnest(json_transform(j, '{_sql_text(json.dumps(structure))}'))," if structure else ""
+        specials_sql = ", ".join(f'"{k}"' for k in specials) or "1 AS \"$none\""
+        selects = ", ".join(f"(\n{e}\n) AS \"{_sql_ident(n)}\"" for n, e in every.items())
+        inner = f"SELECT {unpacked} {specials_sql} FROM records WHERE json_valid(j)"
+        try:
+            out = _timed(con, f"SELECT {selects}, {specials_sql} FROM ({inner})", frame=True)
+        except duckdb.Error as exc:
+            raise _failure(_which(con, every, unpacked, specials_sql, exc), exc) from None
+    finally:
+        con.close()
+    return out, absent
+
+
+def _timed(con: duckdb.DuckDBPyConnection, sql: str, *, frame: bool = False) -> Any:
+    """The query's rows (a polars frame with ``frame``); interrupted after TIME_LIMIT_S (an expression that
+    never ends is a bad mapping)."""
     timer = threading.Timer(TIME_LIMIT_S, con.interrupt)
     timer.start()
     try:
+        if frame:  # through the Arrow C stream interface, without loading pyarrow
+            rel = con.sql(sql)
+            return pl.DataFrame(rel).rechunk() if rel is not None else pl.DataFrame()
         return con.execute(sql).fetchall()
     finally:
         timer.cancel()
@@ -242,7 +277,8 @@ def _finite(v: Any) -> Any:
 
 
 def _structure(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    row = con.execute("SELECT json_group_structure(j::JSON) FROM records").fetchone()
+    rows = con.execute("SELECT json_group_structure(j::JSON) FROM records WHERE json_valid(j)").fetchall()
+    row = rows[0] if rows else None
     value = json.loads(row[0]) if row and row[0] else {}
     return value if isinstance(value, dict) else {}
 

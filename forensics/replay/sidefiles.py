@@ -89,6 +89,16 @@ def read_dump(path: Path, run: str) -> Dump | None:
     return _metrics(text, path, run, server, taken)
 
 
+def is_dump(path: Path) -> bool:
+    """Whether ``path`` looks like llama-server's own dump by its first bytes (a ``llamacpp:`` sample, or a JSON
+    array of slot objects): told before any mapping sees the file."""
+    head = _head(path).decode("utf-8", errors="replace")
+    start = head.lstrip("\ufeff \t\r\n")
+    if start.startswith("["):
+        return '"n_ctx"' in head and '"id"' in head
+    return any(regex.match(r"(?:#\s*(?:HELP|TYPE)\s+)?llamacpp:", line) for line in head.splitlines()[:50])
+
+
 def server_of(name: str) -> tuple[str | None, str | None]:
     """The server a dump's file name names (``metrics_main.prom`` -> main) and when it was taken (``end`` in
     ``metrics_end.prom``); None for what the name does not say."""
@@ -248,8 +258,24 @@ def take(ing: Any, path: Path, root: Path | None, found: Any) -> bool:
     if root is None:  # named on the command line: the user asked for it, so it is an error
         return False
     kind = "data" if is_data_file(path, _head(path)) else "text without llama-server lines"
-    ing.result.files.append(FileReport(str(path), "other", "skipped", message=f"{OTHER} ({kind})"))
+    hint = records_hint(path)
+    ing.result.files.append(FileReport(str(path), "other", "skipped", message=f"{OTHER} ({kind})" + (
+        f"; {hint}" if hint else "")))
+    if hint:
+        ing.result.warnings.append(f"{path}: {hint}")
     return True
+
+
+def records_hint(path: Path) -> str:
+    """For a file that looks like a harness's per-request records (JSON lines, CSV or a JSON list whose records
+    have fields of the attempt schema), the sentence that says how to read it; "" otherwise."""
+    from forensics.replay.recordlike import looks_like_records
+
+    fields = looks_like_records(path)
+    if not fields:
+        return ""
+    return (f"looks like a harness's per-request records ({', '.join(fields[:5])}): "
+            f"`forensics mapping init {path}` proposes a mapping for it (then ingest with --mapping)")
 
 
 OTHER = "not a log, replay records or a server dump: passed over"
