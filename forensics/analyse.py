@@ -34,7 +34,7 @@ from forensics import runs as runs_mod
 from forensics.errors import StoreError
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store
-from forensics.verdict import verdict
+from forensics.verdict import RunVerdict, verdict
 
 if TYPE_CHECKING:
     from forensics.ingest import IngestOptions, IngestResult
@@ -87,16 +87,16 @@ def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
     return out
 
 
-def verdict_frame(verdicts: list) -> pl.DataFrame:  # type: ignore[type-arg]
+def verdict_frame(verdicts: list[RunVerdict]) -> pl.DataFrame:
     rows = [{"run": v.run, "n": i, "kind": f.kind, "severity": f.severity, "sentence": f.sentence,
              "evidence": list(f.evidence), "fields": json.dumps(f.fields, default=str, sort_keys=True)}
             for v in verdicts for i, f in enumerate(v.facts)]
-    schema = {"run": pl.String, "n": pl.Int64, "kind": pl.String, "severity": pl.String, "sentence": pl.String,
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {"run": pl.String, "n": pl.Int64, "kind": pl.String, "severity": pl.String, "sentence": pl.String,
               "evidence": pl.List(pl.String), "fields": pl.String}
     return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
 
 
-def run_frame(session: Analysis, runs: list[str], verdicts: list) -> pl.DataFrame:  # type: ignore[type-arg]
+def run_frame(session: Analysis, runs: list[str], verdicts: list[RunVerdict]) -> pl.DataFrame:
     """One row per run: its requests and slots (the verdict's stats), whether the verdict found it healthy, and
     its throughput row (``metrics.throughput``)."""
     stats = session.query("run_stats", DEFAULTS, runs)
