@@ -139,8 +139,10 @@ def _candidates(rec: int) -> list[int]:
 
 def cut_by_cap(cap: int) -> pl.Expr:
     """The rows of cap.sql an output cap of ``cap`` tokens cuts: a normal response that reached it (≥ cap: it would
-    have ended at the cap) and a runaway that went past it."""
-    return (pl.col("normal") & (pl.col("gen_tokens") >= cap)) | (pl.col("runaway") & (pl.col("gen_tokens") > cap))
+    have ended at the cap) and a runaway that went past it; never one that already had a cap of its own at or below
+    ``cap`` (a response the harness capped at 64 that stopped at 64 is not cut by a cap of 64)."""
+    own = pl.col("own_cap").is_null() | (pl.col("own_cap") > cap)
+    return own & ((pl.col("normal") & (pl.col("gen_tokens") >= cap)) | (pl.col("runaway") & (pl.col("gen_tokens") > cap)))
 
 
 def _whatif(df: pl.DataFrame, caps: list[int], rec: int, stage: str | None) -> list[dict[str, object]]:
@@ -214,8 +216,7 @@ def _cap_warnings(df: pl.DataFrame, normal: pl.DataFrame, rec: int, no_cap_attem
 
     warnings = []
     runaways = int(df["runaway"].sum())
-    nps = [v for v in df["n_predict"].to_list() if v is not None and v > 0]
-    if not nps and no_cap_attempts and runaways:
+    if runaways and df.filter(pl.col("runaway"))["own_cap"].null_count() == runaways and no_cap_attempts:
         warnings.append(f"the logs show no output cap (n_predict unset or -1 everywhere) and {runaways} "
                         f"runaway(s): set max_tokens / n_predict to {rec}")
     biggest = df.filter(pl.col("runaway"))["gen_tokens"]

@@ -143,8 +143,8 @@ def round_cap(normal_max: float, margin: float) -> int:
 def caps_schema() -> dict[str, type[pl.DataType]]:
     """The columns of the caps table and their types (``CAPS_SCHEMA``; a function, so importing this module does
     not load polars)."""
-    counts = ("normal", "normal_min", "normal_max", "runaways", "runaway_min", "runaway_max", "runaways_stopped",
-              "normal_cut")
+    counts = ("capped_requests", "requests", "normal", "normal_min", "normal_max", "runaways", "runaway_min",
+              "runaway_max", "runaways_stopped", "normal_cut")
     return {"run": pl.String, "cap": pl.Int64, "capped": pl.Boolean, **dict.fromkeys(counts, pl.Int64)}
 
 
@@ -158,16 +158,20 @@ def _caps(rows: pl.DataFrame, session: Analysis, th: Thresholds) -> pl.DataFrame
     """Each run's cap (``round_cap`` of its longest normal response) and what it would have done there."""
     tok = pl.col("gen_tokens")
     per = rows.group_by("run", maintain_order=True).agg(
-        (pl.col("n_predict").fill_null(-1) > 0).any().alias("capped"),
+        # a cap was in force on the runaways (a run without runaways: on any request)
+        pl.when(pl.col("runaway").any()).then(pl.col("own_cap").filter(pl.col("runaway")).is_not_null().all())
+        .otherwise(pl.col("own_cap").is_not_null().any()).alias("capped"),
+        pl.col("own_cap").is_not_null().sum().alias("capped_requests"), pl.len().alias("requests"),
         tok.filter(pl.col("normal")).len().alias("normal"), tok.filter(pl.col("normal")).min().alias("normal_min"),
         tok.filter(pl.col("normal")).max().alias("normal_max"), tok.filter(pl.col("runaway")).len().alias("runaways"),
         tok.filter(pl.col("runaway")).min().alias("runaway_min"),
         tok.filter(pl.col("runaway")).max().alias("runaway_max"))
     caps = [round_cap(v, th.margin) if v is not None else None for v in per["normal_max"].to_list()]
     per = per.with_columns(pl.Series("cap", caps, dtype=pl.Int64))
+    own = pl.col("own_cap").is_null() | (pl.col("own_cap") > pl.col("cap"))
     effect = rows.join(per.select("run", "cap"), on="run").group_by("run").agg(
-        (pl.col("runaway") & (tok > pl.col("cap"))).sum().alias("runaways_stopped"),
-        (pl.col("normal") & (tok >= pl.col("cap"))).sum().alias("normal_cut"))
+        (own & pl.col("runaway") & (tok > pl.col("cap"))).sum().alias("runaways_stopped"),
+        (own & pl.col("normal") & (tok >= pl.col("cap"))).sum().alias("normal_cut"))
     out = per.join(effect, on="run", how="left").with_columns(
         pl.when(pl.col("cap").is_not_null()).then(pl.col(c)).alias(c) for c in ("runaways_stopped", "normal_cut"))
     schema = caps_schema()
@@ -307,10 +311,11 @@ register(Finding(
     compare="items missing", counted=lambda df: df.unique(["run", "item"]), drop_empty=(), detail=_missing_detail,
     doc="missing-items"))
 register(Finding(
-    "failed", "Failed requests", "Requests that failed (an error, HTTP >= 400, stop reason error).",
-    query="failed_requests", sentence=S.failed, request_class="failed", report=False, shown_in="errors",
-    drop_empty=(),
-    doc="failed-requests"))
+    "failed", "Failed requests", "Requests that failed: every attempt of the harness that did not finish ok, and "
+    "every server request that failed (an error, HTTP >= 400, cancelled) no attempt is tied to.",
+    query="failed_requests", tables=("attempts",), sentence=S.failed, request_class="failed", report=False,
+    shown_in="errors", drop_empty=(), class_rows=lambda s, th, runs: s.rows("failed", th, runs).filter(
+        pl.col("task").is_not_null()), doc="failed-requests"))
 register(Finding(
     "cap", "Recommended output cap", "The output cap that would have stopped each run's runaways, and what it "
     "would have cut.", query="cap", uses=("runaway",), shape=_caps, sentence=S.cap, drop_empty=(),

@@ -103,6 +103,7 @@ class RunContext:
     servers: set[str] = field(default_factory=set)  # the names of the instances that served requests
     told: set[tuple[Any, ...]] = field(default_factory=set)  # (instance, slot, task) an earlier sentence told
     told_items: set[str] = field(default_factory=set)  # items an earlier sentence named as lost
+    told_attempts: set[tuple[Any, ...]] = field(default_factory=set)  # (item, stage, attempt) an earlier one told
     facts: list[Fact] = field(default_factory=list)  # the run's facts so far
 
     def name(self, instance: Any) -> str:
@@ -237,23 +238,47 @@ def _stamp(r: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------- runaways, prompts
 def runaway(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
-    """``2 outputs ran far longer than normal (2135–5677 tokens where normal responses stay under 287).``  A dead
-    slot's runaways are told by the dead-slot sentence, not again."""
+    """``2 outputs ran far longer than normal (2135–5677 tokens where normal responses stay under 287).``, with what
+    stopped them (the client giving up, the server shutting down, the training context) and why they did not stop
+    at the slot's context (context shift).  A dead slot's runaways are told by the dead-slot sentence, not again."""
     if rows.height == 0:
         return []
     mine = ctx.untold(rows)
     if mine.height == 0:
         return []
     toks, normal = mine["gen_tokens"], mine["normal_tokens"]
-    why = "ran to the context" if mine["why"].str.contains("context").any() else "ran far longer than normal"
+    shifted = "context_shift" in mine.columns and bool(mine["context_shift"].fill_null(False).any())
+    why = ("ran on through context shifts" if shifted else
+           "ran to the context" if mine["why"].str.contains("context").any() else "ran far longer than normal")
     ended = mine["error"].drop_nulls().unique().to_list() if "error" in mine.columns else []
     failed = f", and the server ended {'it' if mine.height == 1 else 'them'} with an error ({ended[0]})" \
         if ended else ""
+    stopped = _stopped(mine) if not ended else ""
+    shift = (" The server shifts the context instead of stopping an output that fills it (`--context-shift`): "
+             "only an output cap (n_predict / max_tokens) ends such a request.") if shifted else ""
     sentence = (f"{plural(mine.height, 'output')} {why} ({span(toks.min(), toks.max())} tokens where normal "
-                f"responses stay under {cast(int, normal.max())}){failed}.")  # an Int64 column's maximum
+                f"responses stay under {cast(int, normal.max())}){failed}{stopped}.{shift}")
     ctx.tell(mine)
     return [Fact("runaway", sentence, ctx.loc.of(mine), {"runaways": mine.height, "tokens_min": toks.min(),
-                                                          "tokens_max": toks.max()})]
+                                                          "tokens_max": toks.max(), "context_shift": shifted})]
+
+
+STOPPED_BY = {"client": "the client gave up", "shutdown": "the server shut down", "n_ctx_train":
+              "the server stopped it at the model's training context", "context": "the slot's context was full",
+              "cap": "its cap"}
+
+
+def _stopped(rows: pl.DataFrame) -> str:
+    """``: 2 ran until the client gave up, 1 until the server shut down`` (what ended the runaways)."""
+    if "stop_cause" not in rows.columns:
+        return ""
+    counts = rows["stop_cause"].fill_null("unknown").value_counts(sort=True).rows()
+    said = [(STOPPED_BY[c], n) for c, n in counts if c in STOPPED_BY and c != "context"]
+    if not said:
+        return ""
+    if len(said) == 1 and said[0][1] == rows.height:
+        return f", until {said[0][0]}"
+    return ": " + ", ".join(f"{n} until {what}" for what, n in said)
 
 
 def prompt_over_context(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
@@ -298,15 +323,40 @@ def missing(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
 
 
 def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
-    """Failed requests no other sentence explains (a dead slot's or a crash's are told there)."""
-    if rows.height == 0 or ctx.has("dead_slot") or any(f.kind == "crash" and f.severity == FINDING
-                                                       for f in ctx.facts):
+    """The failed requests no other sentence told (a dead slot's, a runaway's, a client timeout's), by what failed
+    them: ``4 requests failed with HTTP 500 before reaching a slot (Failed to parse messages: ...); 2 with HTTP
+    400 (...)``."""
+    if rows.height == 0:
         return []
-    mine = ctx.untold(rows)
+    mine = ctx.untold(rows.filter(pl.col("task").is_not_null()))
+    loose = rows.filter(pl.col("task").is_null())
+    if ctx.told_attempts and loose.height:
+        told = pl.DataFrame(list(ctx.told_attempts), schema={"item": pl.String, "stage": pl.String,
+                                                             "attempt": pl.Int64}, orient="row")
+        loose = loose.join(told, on=["item", "stage", "attempt"], how="anti", nulls_equal=True)
+    mine = pl.concat([mine, loose], how="vertical_relaxed")
     if mine.height == 0:
         return []
-    return [Fact("failed", f"{plural(mine.height, 'request')} failed: see `forensics errors {ctx.run}`.",
-                 ctx.loc.of(mine), {"failed": mine.height})]
+    parts = []
+    groups = mine.with_columns(pl.col("http_status").cast(pl.String).alias("_status"),
+                               pl.col("error").fill_null("").str.slice(0, 80).alias("_why"))
+    for (status, reason, before, why), g in groups.group_by(["_status", "reason", "before_slot", "_why"],
+                                                             maintain_order=True):
+        how = f"with HTTP {status}" if status else f"({_REASONS.get(str(reason), str(reason))})"
+        where = " before reaching a slot" if before and status else ""
+        said = f" ({why})" if why else ""
+        parts.append(f"{g.height} {how}{where}{said}")
+    head = f"{plural(mine.height, 'request')} failed"
+    sentence = f"{head} {parts[0].split(' ', 1)[1]}" if len(parts) == 1 else f"{head}: " + "; ".join(parts)
+    ctx.tell(mine.filter(pl.col("task").is_not_null()))
+    return [Fact("failed", sentence + f": see `forensics errors {ctx.run}`.", [e for e in mine["evidence"].to_list()
+                                                                              if e][:20],
+                 {"failed": mine.height, "by_status": {str(k): int(v) for k, v in
+                                                       mine["http_status"].value_counts().iter_rows()}})]
+
+
+_REASONS = {"timeout": "the client timed out", "parse_error": "output that did not parse", "client": "cancelled",
+            "failed": "failed", "error": "a server error", "cancelled": "cancelled"}
 
 
 def cap(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
@@ -316,7 +366,10 @@ def cap(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     stoppable = ctx.rows("runaway").height
     if c["cap"] is None or not c["runaways"]:
         return []
-    set_ = "An output cap was in force" if c["capped"] else "No output cap was set"
+    n_capped, n_all = c.get("capped_requests") or 0, c.get("requests") or 0
+    set_ = ("An output cap was in force" if c["capped"] else
+            f"The runaways had no output cap (the harness capped {n_capped} of the run's {n_all} requests)"
+            if n_capped else "No output cap was set")
     touched = "touched no normal response" if not c["normal_cut"] else \
         f"cut {plural(c['normal_cut'], 'normal response')}"
     n = c["runaways_stopped"]
@@ -409,6 +462,7 @@ def failover(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     served = f" Attempts finished ok: {first['served']}." if first["served"] else ""
     sentence = f"The client {'; '.join(parts)}.{served}"
     over = rows.filter(pl.col("failed_over"))
+    ctx.told_attempts.update(rows.select("item", "stage", "attempt").iter_rows())
     return [Fact("failover", sentence, [e for e in rows["evidence"].to_list() if e][:20],
                  {"failovers": over.height, "timeouts": int((rows["outcome"] == "timeout").sum()),
                   "waited_s": round(float(rows["waited_s"].drop_nulls().sum()), 1), "served": first["served"]})]

@@ -89,7 +89,7 @@ class Analysis:
         self.live = live if live is not None and live.height else None
         # the rows the store's analysis holds (forensics.analyse) stand for the findings at the default
         # thresholds; a live session and the analysis itself compute them
-        self.stored = StoredRows(store) if stored and self.live is None else None
+        self.stored = StoredRows(self) if stored and self.live is None else None
         self.cache: FindingCache = cache if cache is not None and self.live is None else MemoryCache()
         self.con = store.connect(tables=[])
         self._bound: set[str] = set()
@@ -135,28 +135,38 @@ class Analysis:
         self.con.register(name, ArrowStream(df))
 
     def _relations(self, runs: list[str]) -> None:
-        """fx_matches, fx_events and fx_lost: views over ``runs`` (cheap: nothing is read until a query runs)."""
+        """fx_names, fx_instances, fx_matches, fx_events, fx_lost and fx_live_requests over ``runs``: the store's
+        rows with each instance under the one name every output gives it (``instance_names.sql``: the manifest's
+        server names; the store's id stays in ``instance_id``).  Cheap: only the names are computed here."""
         if self._view_runs == runs:
             return
         self.bind(BASE_TABLES)
+        self.bind(["runs"])
         inlist = sql_strings(runs) if runs else "NULL"
         con = self.con
+        con.execute("CREATE OR REPLACE TEMP TABLE fx_names AS " + load_query("instance_names").text.rstrip()
+                    .removesuffix("ORDER BY run, instance"), {"runs": runs})
+        named = ("* REPLACE (coalesce((SELECT n.name FROM fx_names n WHERE n.run = t.run AND n.instance = t.instance),"
+                 " t.instance) AS instance), t.instance AS instance_id")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW fx_instances AS SELECT {named} FROM instances t "
+                    f"WHERE run IN ({inlist})")
         if self.has_matches:
             cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
             have_m = {c.name for c in schema.TABLES["matches"]}
             where = " AND coalesce(\"match\", 'matched') <> 'unmatched'" if "match" in have_m else ""
-            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} FROM matches "
-                        f"WHERE task IS NOT NULL AND run IN ({inlist}){where}")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {named} FROM (SELECT {cols} FROM matches "
+                        f"WHERE task IS NOT NULL AND run IN ({inlist}){where}) t")
         else:
             cols = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
-            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols} WHERE false")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols}, CAST(NULL AS VARCHAR) AS instance_id "
+                        "WHERE false")
         have = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
         extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
-        con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS SELECT *" + (f", {extra}" if extra else "")
-                    + f" FROM events WHERE run IN ({inlist})")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW fx_events AS SELECT {named}" + (f", {extra}" if extra else "")
+                    + f" FROM events t WHERE run IN ({inlist})")
         con.execute("CREATE OR REPLACE TEMP VIEW fx_lost AS SELECT DISTINCT run, item, stage FROM items "
                     f"WHERE NOT coalesce(done, false) AND run IN ({inlist})")
-        self._live_requests()
+        self._live_requests(named, inlist)
         self._view_runs = list(runs)
 
     def _base(self, runs: list[str]) -> None:
@@ -164,24 +174,30 @@ class Analysis:
         self._relations(runs)
         if self._base_runs == runs:
             return
-        if self.has_matches:
-            self.bind(["attempts"])
-        self.con.execute(load_query("findings_base").text, {"runs": runs})
+        self.bind(["attempts"])
+        if self.stored is not None and self.stored.has("request_facts", runs):  # worked out at ingest
+            self.bind(["request_facts"])
+            self.con.execute("CREATE OR REPLACE TEMP TABLE fx_requests AS SELECT * FROM request_facts "
+                             "WHERE run IN (SELECT unnest($runs))", {"runs": runs})
+        else:
+            self.con.execute(load_query("findings_base").text, {"runs": runs})
         self.register("fx_degenerate", self._degenerate())
         self._base_runs = list(runs)
 
-    def _live_requests(self) -> None:
-        """fx_live_requests: the requests, with the running ones' tokens and duration so far when live."""
+    def _live_requests(self, named: str, inlist: str) -> None:
+        """fx_live_requests: the requests of the runs (instances named), with the running ones' tokens and duration
+        so far when live."""
         if self.live is None:
-            self.con.execute("CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT * FROM requests")
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT {named} FROM requests t "
+                             f"WHERE run IN ({inlist})")
             return
         self.register("fx_live", self.live.select(*LIVE_SCHEMA).cast(LIVE_SCHEMA))  # type: ignore[arg-type]
         self.con.execute(
-            "CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT r.* REPLACE ("
+            f"CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT {named} FROM (SELECT r.* REPLACE ("
             " CASE WHEN l.task IS NULL THEN r.gen_tokens ELSE l.gen_tokens END AS gen_tokens,"
             " CASE WHEN l.task IS NULL THEN r.total_ms ELSE l.total_ms END AS total_ms)"
             " FROM requests r LEFT JOIN fx_live l ON l.run = r.run AND l.instance = r.instance"
-            " AND l.slot = r.slot AND l.task = r.task")
+            f" AND l.slot = r.slot AND l.task = r.task WHERE r.run IN ({inlist})) t")
 
     def _degenerate(self) -> pl.DataFrame:
         """Matched requests whose attempt's output text is degenerate (repetition.py)."""
@@ -281,8 +297,9 @@ class StoredRows:
     """The findings' rows a store's analysis holds (``forensics.derived``), for the runs it has derived at this
     ``VERSION``: one scan of the finding's table per question."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, session: Analysis) -> None:
+        self.session = session
+        self.store = session.store
         self._state: derived.DerivedState | None = None
 
     def current(self, runs: list[str]) -> bool:
@@ -290,12 +307,19 @@ class StoredRows:
             self._state = derived.state(self.store)
         return not self._state.needs(runs, VERSION)
 
+    def has(self, table: str, runs: list[str]) -> bool:
+        """The derived ``table`` holds the rows of every run of ``runs`` at this version."""
+        return self.current(runs) and self._state is not None and table in self._state.tables
+
     def rows(self, name: str, runs: list[str]) -> pl.DataFrame | None:
         """The finding's stored rows of ``runs`` (None when some of them are not derived at this version)."""
         table = f"finding_{name}"
-        if not self.current(runs) or table not in (self._state.tables if self._state else ()):
+        if not self.has(table, runs):
             return None
-        return read_derived(self.store, table, runs)
+        self.session.bind([table])
+        if set(runs) >= set(self._state.analysed if self._state else ()):  # every run: no filter to apply
+            return fetch_pl(self.session.con, f"SELECT * FROM {table}")
+        return fetch_pl(self.session.con, f"SELECT * FROM {table} WHERE run IN (SELECT unnest($runs))", {"runs": runs})
 
 
 def read_derived(store: Store, table: str, runs: list[str] | None) -> pl.DataFrame:

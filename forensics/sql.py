@@ -58,11 +58,13 @@ def run_sql(store: Any, query: str) -> pl.DataFrame:
 
     from forensics.store import fetch_pl
 
+    from forensics.store import view_names
+
     con = store.connect()
     try:
         return fetch_pl(con, query)
     except duckdb.Error as exc:
-        raise QueryError(str(exc).splitlines()[0], hint="check the SQL; tables: files, instances, events, "
-                         "requests, unparsed, runs, attempts, items") from exc
+        raise QueryError(str(exc).splitlines()[0],
+                         hint="check the SQL; tables: " + ", ".join(sorted(view_names(con)))) from exc
     finally:
         con.close()

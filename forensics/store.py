@@ -454,7 +454,11 @@ class Store:
         # Parts never change once committed: a query that scans a table again (a finding reads several)
         # reuses the footers read when the view was bound instead of opening every file once more.
         con.execute("SET parquet_metadata_cache = true")
-        for table in list(schema.TABLES) if tables is None else tables:
+        if tables is None:  # every table: the store's and the analysis' (forensics.derived)
+            from forensics import derived
+
+            tables = [*schema.TABLES, *sorted(derived.state(self).tables)]
+        for table in tables:
             self._create_view(con, table, existing_only)
         return con
 

@@ -30,7 +30,7 @@ from forensics.sentences import (  # noqa: F401  (public names of the verdict)
     short_evidence,
 )
 from forensics.session import DEFAULTS, Analysis, Thresholds, analysis, read_derived
-from forensics.store import Store
+from forensics.store import Store, fetch_pl
 
 
 @dataclass
@@ -73,22 +73,24 @@ class _ByRun:
 
 
 def instance_names(session: Analysis, runs: list[str]) -> dict[str, dict[str, str]]:
-    """run -> instance -> the name sentences give it (instance_names.sql: the manifest's server names)."""
+    """run -> instance -> the name sentences give it: the findings' rows already carry the names
+    (``instance_names.sql``, through the session's relations), so each maps to itself."""
     out: dict[str, dict[str, str]] = {}
-    for run, instance, name, _ in _names(session, runs).iter_rows():
-        out.setdefault(run, {})[instance] = name
+    for run, name, _ in _names(session, runs).iter_rows():
+        out.setdefault(run, {})[name] = name
     return out
 
 
 def _names(session: Analysis, runs: list[str]) -> pl.DataFrame:
-    session.bind(["instances", "runs"])
-    return session.query("instance_names", DEFAULTS, runs)
+    session.prepare(runs, requests=False)
+    return fetch_pl(session.con, "SELECT run, name, sum(served) AS served FROM fx_names WHERE run IN "
+                                 "(SELECT unnest($runs)) GROUP BY run, name ORDER BY run, name", {"runs": runs})
 
 
 def serving_names(session: Analysis, runs: list[str]) -> dict[str, set[str]]:
     """run -> the names of its instances that served requests (how many servers a sentence speaks of)."""
     out: dict[str, set[str]] = {}
-    for run, _, name, served in _names(session, runs).iter_rows():
+    for run, name, served in _names(session, runs).iter_rows():
         if served:
             out.setdefault(run, set()).add(name)
     return out
@@ -112,7 +114,7 @@ def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
         names = s.narrowed(runs)
         if th == DEFAULTS and s.stored is not None and s.stored.current(names):
             return stored_verdicts(s.store, names)
-        s.bind(["requests"])
+        s.prepare(names, requests=False)
         loc = Locations(s.query("request_locations", th, names))
         stats = {r["run"]: r for r in s.query("run_stats", th, names).iter_rows(named=True)}
         inst, serving = instance_names(s, names), serving_names(s, names)

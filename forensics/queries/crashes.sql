@@ -13,7 +13,7 @@
 --             Not a failure of the run
 --   serving   otherwise: requests in flight, or a server that had been serving
 -- `shutdown_line` / `shutdown_message`: the first shutdown line before the crash, when there is one.
--- Parameters: $runs VARCHAR[].  Relations: fx_events, requests, instances.
+-- Parameters: $runs VARCHAR[].  Relations: fx_events, fx_live_requests, fx_instances.
 WITH crash_lines AS (
     SELECT run, instance, path, min(line_no) AS line_no, max(line_no) AS line_last,
            arg_min(ts, line_no) FILTER (WHERE ts IS NOT NULL) AS ts,
@@ -26,13 +26,13 @@ WITH crash_lines AS (
 ),
 crashed AS (
     SELECT c.* FROM crash_lines c
-    SEMI JOIN (SELECT run, instance FROM instances WHERE crashed) i ON i.run = c.run AND i.instance = c.instance
+    SEMI JOIN (SELECT run, instance FROM fx_instances WHERE crashed) i ON i.run = c.run AND i.instance = c.instance
 ),
 reqs AS (
     SELECT r.run, r.instance, count(*) AS served,
            string_agg('slot ' || r.slot || ' task ' || r.task, ', ' ORDER BY r.slot, r.task)
                FILTER (WHERE NOT coalesce(r.complete, true)) AS tasks
-    FROM requests r SEMI JOIN crashed c ON c.run = r.run AND c.instance = r.instance
+    FROM fx_live_requests r SEMI JOIN crashed c ON c.run = r.run AND c.instance = r.instance
     GROUP BY r.run, r.instance
 ),
 shutdown AS (

@@ -99,7 +99,8 @@ SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
            CASE WHEN regexp_matches(lower(n.item_next_error),
                                     'context (size|length|window)|exceeds the available context|kv cache is full')
                 THEN 'item_next_context_error' END), '') AS followed_by,
-       f.error, f.http_status, f.path, f.line_first, f.line_last
+       f.error, f.http_status, f.stop_cause, coalesce(f.context_shift, false) AS context_shift, f.path,
+       f.line_first, f.line_last
 FROM slot_next f
 LEFT JOIN item_next n ON n.run = f.run AND n.instance = f.instance AND n.slot = f.slot AND n.task = f.task
 WHERE f.f_tokens OR f.f_context OR f.f_cap OR f.f_rep
