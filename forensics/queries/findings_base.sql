@@ -23,9 +23,9 @@
 --   cap_sent   the output cap the harness asked for (its attempt's max_tokens; null: none or unknown)
 --   cap        the cap in force: the log's n_predict when positive, else cap_sent when positive
 --   stop_cause what ended it, one word: client (cancelled: the client gave up), error, n_ctx_train (cut at the
---              model's training context), context (it filled the slot's context), cap (it reached its cap),
---              eos, word (a stop word), shutdown (still running when its server's log ends or the server
---              crashed), unknown
+--              model's training context), shutdown (still running when its server's log ends: the server shut
+--              down or crashed), context (it filled the slot's context), cap (it reached its cap), eos, word (a
+--              stop word), unknown
 --   failed     the one test of a failed server request: an error, HTTP >= 400, stop reason error, or cancelled
 --   start_key  a sortable start: epoch(t_start), else elapsed_start_s (null when neither is logged)
 --   bgroup     baseline group: 'stage:<stage>' when the stage is known, else 'instance:<instance>'
@@ -125,10 +125,10 @@ SELECT r.run, r.instance, r.instance_id, r.path, r.slot, r.task, r.seq, r.item, 
        CASE WHEN r.cancel_line OR coalesce(r.stop_reason = 'cancelled', false) THEN 'client'
             WHEN r.error IS NOT NULL OR coalesce(r.stop_reason = 'error', false) THEN 'error'
             WHEN r.train_capped THEN 'n_ctx_train'
+            WHEN NOT coalesce(r.complete, true) THEN 'shutdown'
             WHEN r.ctx_full_ OR coalesce(r.n_past_end >= r.ctx_slot_, false) THEN 'context'
             WHEN coalesce(r.stop_reason = 'limit', false) OR coalesce(r.gen_ >= r.cap_, false) THEN 'cap'
             WHEN r.stop_reason IN ('eos', 'word') THEN r.stop_reason
-            WHEN NOT coalesce(r.complete, true) THEN 'shutdown'
             ELSE 'unknown' END AS stop_cause,
        r.failed_ AS failed,
        r.http_status, r.error, r.complete,
