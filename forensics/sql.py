@@ -56,9 +56,7 @@ def run_sql(store: Any, query: str) -> pl.DataFrame:
     QueryError with its first line."""
     import duckdb
 
-    from forensics.store import fetch_pl
-
-    from forensics.store import view_names
+    from forensics.store import fetch_pl, view_names
 
     con = store.connect()
     try:
