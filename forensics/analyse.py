@@ -20,7 +20,6 @@ Library only: no click, no altair.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from forensics import runs as runs_mod
 from forensics.errors import StoreError
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store
-from forensics.verdict import RunVerdict, verdict
+from forensics.verdict import RunVerdict, verdict, verdict_frame
 
 if TYPE_CHECKING:
     from forensics.ingest import IngestOptions, IngestResult
@@ -87,27 +86,17 @@ def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
     return out
 
 
-def verdict_frame(verdicts: list[RunVerdict]) -> pl.DataFrame:
-    rows = [{"run": v.run, "n": i, "kind": f.kind, "severity": f.severity, "sentence": f.sentence,
-             "evidence": list(f.evidence), "fields": json.dumps(f.fields, default=str, sort_keys=True)}
-            for v in verdicts for i, f in enumerate(v.facts)]
-    schema: dict[str, pl.DataType | type[pl.DataType]] = {"run": pl.String, "n": pl.Int64, "kind": pl.String, "severity": pl.String, "sentence": pl.String,
-              "evidence": pl.List(pl.String), "fields": pl.String}
-    return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
-
-
 def run_frame(session: Analysis, runs: list[str], verdicts: list[RunVerdict]) -> pl.DataFrame:
-    """One row per run: its requests and slots (the verdict's stats), whether the verdict found it healthy, and
-    its throughput row (``metrics.throughput``)."""
-    stats = session.query("run_stats", DEFAULTS, runs)
+    """One row per run: its setup (``run_setup.sql``: what makes runs comparable), its server requests and slots
+    (the verdict's stats), whether the verdict found it healthy, and its throughput row (``metrics.throughput``,
+    whose columns keep their names: ``metrics.throughput`` reads them back)."""
+    setup = session.query("run_setup", DEFAULTS, runs).drop("np")
+    stats = session.query("run_stats", DEFAULTS, runs).rename({"requests": "server_requests"})
     health = pl.DataFrame({"run": [v.run for v in verdicts], "healthy": [v.healthy for v in verdicts]},
                           schema={"run": pl.String, "healthy": pl.Boolean})
-    base = pl.DataFrame({"run": runs}, schema={"run": pl.String})
     session.bind(metrics.THROUGHPUT_TABLES)
     tput = metrics.throughput(session.con, runs)
-    tput = tput.rename({c: f"tp_{c}" for c in tput.columns if c in ("requests", "failed")})
-    return base.join(stats, on="run", how="left").join(health, on="run", how="left") \
-        .join(tput, on="run", how="left")
+    return setup.join(tput, on="run", how="left").join(stats, on="run", how="left").join(health, on="run", how="left")
 
 
 def _chunks(store: Store, runs: list[str]) -> Iterator[list[str]]:

@@ -12,7 +12,7 @@ import html
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import altair as alt
 import polars as pl
@@ -72,8 +72,9 @@ def _knee(scaling: metrics.Scaling) -> tuple[float | None, str]:
     return x, (f"knee: above {scaling.by} {x:g}" if x is not None else "")
 
 
-def throughput_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
-    """Output tokens/s against concurrency across runs, the knee drawn where the sentence puts it."""
+def throughput_chart(scaling: metrics.Scaling, setup: str | None = None) -> alt.TopLevelMixin:
+    """Output tokens/s against concurrency across runs, the knee drawn where the sentence puts it (``setup``: the
+    setup's label, in the title, when a chart shows one setup among several)."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
     line = alt.Chart(_data(t)).mark_line(point=True).encode(
@@ -94,15 +95,17 @@ def throughput_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
         layers += [mark.mark_rule(color=KNEE_COLOR, strokeDash=[4, 4]).encode(x="x:Q", tooltip=["label:N"]),
                    mark.mark_text(align="left", dx=4, dy=-120, color=KNEE_COLOR).encode(x="x:Q", text="label:N")]
     sentence = scaling.sentence
-    return alt.layer(*layers).properties(title={"text": f"Throughput vs {by}", "subtitle": sentence},
+    head = f"Throughput vs {by}" + (f": {setup}" if setup else "")
+    return alt.layer(*layers).properties(title={"text": head, "subtitle": sentence},
                                          width=560, height=300)
 
 
 LATENCY_LABELS = {"latency_p50_s": "median latency", "latency_p90_s": "p90 latency"}
 
 
-def latency_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
-    """Median and p90 latency against concurrency, with the fitted line latency = a + b × x."""
+def latency_chart(scaling: metrics.Scaling, setup: str | None = None) -> alt.TopLevelMixin:
+    """Median and p90 latency against concurrency, with the fitted line latency = a + b × x (``setup``: as in
+    ``throughput_chart``)."""
     by = scaling.by
     t = scaling.table.rename({by: "x"}) if by in scaling.table.columns else scaling.table
     long = t.select("x", *LATENCY_LABELS).unpivot(index="x", variable_name="stat", value_name="latency_s") \
@@ -121,7 +124,8 @@ def latency_chart(scaling: metrics.Scaling) -> alt.TopLevelMixin:
         layers.append(alt.Chart(_data(fitted)).mark_line(strokeDash=[6, 3], color="black")
                       .encode(x="x:Q", y="latency_s:Q", tooltip=[alt.Tooltip("stat:N", title="line")]))
         subtitle = f"dashed: fit on the median, {fit.a:.2f} s + {fit.b:.2f} s × {by} ({fit.n} runs)"
-    return alt.layer(*layers).properties(title={"text": f"Latency vs {by}", "subtitle": subtitle},
+    head = f"Latency vs {by}" + (f": {setup}" if setup else "")
+    return alt.layer(*layers).properties(title={"text": head, "subtitle": subtitle},
                                          width=560, height=300)
 
 
@@ -222,14 +226,16 @@ def build(store: Store, kind: str, runs: list[str] | None = None, *, by: str = "
     if kind not in KINDS:
         raise InputError(f"unknown chart kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
     if kind in {"throughput", "latency"}:
-        from forensics.sweep import throughput_fit
+        from forensics.sweep import throughput_fits
 
-        res = throughput_fit(store, runs, by=by, source=source)  # the same healthy runs as the CLI and report
-        if res.scaling is None:
-            raise InputError("no healthy run to draw", hint="; ".join(f"{r}: {w}" for r, w in
-                                                                   res.comparable.left_out.items())[:300] or None)
-        sc = res.scaling
-        return throughput_chart(sc) if kind == "throughput" else latency_chart(sc)
+        fits = throughput_fits(store, runs, by=by, source=source)  # the same healthy runs as the CLI and report
+        drawn = [(f.group.label, f.scaling) for f in fits if f.scaling is not None]
+        if not drawn:
+            raise InputError("no healthy run to draw", hint="; ".join(
+                f"{r}: {w}" for f in fits for r, w in f.group.left_out.items())[:300] or None)
+        make = throughput_chart if kind == "throughput" else latency_chart
+        one = [make(sc, setup=label if len(drawn) > 1 else None) for label, sc in drawn]
+        return one[0] if len(one) == 1 else alt.vconcat(*cast(list[Any], one))  # one chart per setup, never pooled
     from forensics import findings
 
     if kind == "busy":

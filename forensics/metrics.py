@@ -87,11 +87,34 @@ def _throughput_sql() -> str:
     return text.replace(head, "WITH request_intervals AS (\n" + intervals + "\n),\nper_run AS (", 1)
 
 
+# throughput.sql's columns, in its order: the analysis stores them in ``run_facts`` (``stored_throughput``)
+THROUGHPUT_COLUMNS = ("run", "np", "np_source", "source", "time_basis", "estimated", "requests", "failed", "wall_s",
+                      "run_s", "gen_tokens", "prompt_tokens", "gen_tok_per_s", "req_per_s", "latency_mean_s",
+                      "latency_p50_s", "latency_p90_s", "latency_p95_s", "latency_p99_s", "latency_max_s",
+                      "tpot_mean_ms", "tpot_p50_ms", "effective_concurrency", "peak_busy_slots")
+
+
+def stored_throughput(store: Store, runs: list[str]) -> pl.DataFrame | None:
+    """The throughput rows the store's analysis holds for ``runs`` (None when some run is not derived yet)."""
+    from forensics import derived
+    from forensics.session import VERSION, read_derived
+
+    if derived.state(store).needs(runs, VERSION):
+        return None
+    facts = read_derived(store, "run_facts", runs)
+    return facts.filter(pl.col("source").is_not_null()).select(THROUGHPUT_COLUMNS).sort("np", "run", nulls_last=True)
+
+
 def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
                source: str = "auto", intervals: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per-run metrics (one row per run, see throughput.sql for the columns)."""
+    """Per-run metrics (one row per run, see throughput.sql for the columns): as the store's analysis holds them
+    for the default source, else worked out."""
     if source not in SOURCES:
         raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
+    if isinstance(store, Store) and source == "auto" and intervals is None:
+        got = stored_throughput(store, runs_mod.resolve(store, runs).runs)
+        if got is not None:
+            return got
     con, own = _con(store, THROUGHPUT_TABLES)
     try:
         if intervals is not None:
@@ -446,74 +469,3 @@ def with_classes(intervals: pl.DataFrame, classes: pl.DataFrame) -> pl.DataFrame
     out = intervals.drop("class", strict=False).join(classes.select(*keys, "class"), on=keys, how="left",
                                                      nulls_equal=True, maintain_order="left")
     return out.with_columns(pl.col("class").fill_null("unclassified"))
-
-
-# ---------------------------------------------------------------------------------------- comparable runs
-@dataclass
-class Comparable:
-    """The runs a throughput comparison may pool, and why the others were left out."""
-
-    runs: list[str]
-    basis: str  # how they were chosen, in words
-    left_out: dict[str, str] = field(default_factory=dict)  # run -> why
-
-
-def _workload_keys(store: Store, runs: list[str]) -> dict[str, tuple[Any, ...]]:
-    """Each run's setup and workload: its manifest's `sweep`, else its (model, stages), else the models of the
-    instances that served it.  Not the slot context: a sweep over -np with a fixed -c changes it at every step."""
-    con = store.connect(tables=["runs", "instances"])
-    try:
-        rows = fetch_pl(con, "SELECT run, any_value(model) AS model, any_value(stages) AS stages, "
-                             "any_value(config) AS config FROM runs WHERE list_contains($runs, run) GROUP BY run",
-                        {"runs": runs})
-        inst = fetch_pl(con, "SELECT run, string_agg(DISTINCT coalesce(model, '?'), ',' ORDER BY coalesce(model, '?')) "
-                             "AS models FROM instances WHERE list_contains($runs, run) GROUP BY run", {"runs": runs})
-    finally:
-        con.close()
-    keys: dict[str, tuple[Any, ...]] = {r["run"]: ("instances", r["models"]) for r in inst.iter_rows(named=True)}
-    for r in rows.iter_rows(named=True):
-        sweep = _config_values_of(r["config"]).get("sweep")
-        # how many items a run had changes its length, not what each request costs: not part of the key
-        if sweep is not None:
-            keys[r["run"]] = ("sweep", str(sweep))
-        elif r["model"] is not None or r["stages"] is not None:
-            keys[r["run"]] = ("workload", r["model"], r["stages"])
-    return keys
-
-
-def _config_values_of(config: str | None) -> dict[str, Any]:
-    try:
-        data = json.loads(config) if config else {}
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def comparable_runs(store: Store, runs: list[str], *, broken: dict[str, str] | None = None) -> Comparable:
-    """The runs one throughput comparison may pool.  Several runs named: those.  One run: the runs with its
-    setup and workload (its sweep).  Either way, ``broken`` runs (run -> why: a dead slot, a crash, killed by
-    a watchdog) are left out, as they measure a broken server rather than the concurrency."""
-    known = runs_mod.resolve(store, runs).runs
-    broken = broken or {}
-    if not runs and len(known) > 1:  # every run of the store: only when they measure one setup and workload
-        keys = _workload_keys(store, known)
-        groups: dict[tuple[Any, ...], list[str]] = {}
-        for r in known:
-            if r in keys:  # a run with nothing to tell its workload by is pooled with the others
-                groups.setdefault(keys[r], []).append(r)
-        if len(groups) > 1:
-            sample = "; ".join(", ".join(g[:3]) + (" ..." if len(g) > 3 else "") for g in list(groups.values())[:3])
-            raise InputError(f"the store's runs measure {len(groups)} different setups or workloads ({sample})",
-                             hint="name the runs to compare, or one run to compare the runs of its sweep")
-        pool, basis = known, "every run in the store"
-    elif len(known) == 1:
-        keys = _workload_keys(store, runs_mod.all_runs(store))
-        mine = keys.get(known[0])
-        pool = [r for r, k in keys.items() if k == mine] if mine is not None else known
-        basis = ("the runs of its sweep" if mine and mine[0] == "sweep" else
-                 "the runs with the same model and stages" if mine and mine[0] == "workload" else
-                 "the runs served by the same model")
-    else:
-        pool, basis = known, "the runs named"
-    kept = [r for r in sorted(pool) if r not in broken]
-    return Comparable(kept, basis, {r: broken[r] for r in sorted(pool) if r in broken})

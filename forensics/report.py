@@ -184,34 +184,34 @@ def _timeline_section(session: Any, runs: list[str], charts: Any, notes: list[st
         parts.append(charts.embed_div(charts.busy_chart(ri), "chart-busy"))
     else:
         parts.append('<p class="na">no request with a start and an end</p>')
-    failed = ri.filter(pl.col("failed")).select(
-        [c for c in ("run", "instance", "slot", "task", "item", "stage", "start_s", "stop_reason", "error")
-         if c in ri.columns])
-    return "\n".join([*parts, "<h3>Failed requests</h3>", html_table(failed)])
+    failed, _ = _computed(lambda: findings.rows(session, "failed", runs))  # the one count of failures
+    return "\n".join([*parts, "<h3>Failed requests</h3>", html_table(failed if failed is not None else pl.DataFrame())])
 
 
-def _throughput_section(store: Store, runs: list[str], verdicts: list[Any], charts: Any) -> tuple[str, str]:
-    """The throughput of the comparable runs (with which they are and which were left out), and the named
-    runs' own metrics."""
-    from forensics.sweep import throughput_fit
+def _throughput_section(store: Store, runs: list[str], charts: Any) -> tuple[str, str]:
+    """The throughput of the comparable runs, one fit per setup (with which runs and which were left out), and
+    the named runs' own metrics."""
+    from forensics.sweep import throughput_fits
 
-    res, why = _computed(lambda: throughput_fit(store, runs, known=verdicts))
+    fits, why = _computed(lambda: throughput_fits(store, runs))
     parts = ['<h2 id="throughput">Throughput</h2>']
-    if res is None:
+    if fits is None:
         parts.append(f'<p class="na">{html.escape(why)}</p>')
-    else:
-        comp = res.comparable
-        parts.append(f"<p>Compared: {html.escape(comp.basis)}: {html.escape(', '.join(comp.runs) or 'none')}.</p>")
-        if comp.left_out:
+    for i, res in enumerate(fits or []):
+        g, suffix = res.group, "" if i == 0 else f"-{i + 1}"
+        parts.append(f"<h3>Setup {html.escape(g.label)}</h3>" if len(fits or []) > 1 else
+                     f"<p>Setup: {html.escape(g.label)}.</p>")
+        parts.append(f"<p>Compared: {html.escape(g.basis)}: {html.escape(', '.join(g.runs) or 'none')}.</p>")
+        if g.left_out:
             parts.append("<p>Left out (they measure a broken server, not the concurrency):</p><ul>" + "".join(
-                f"<li>{html.escape(r)}: {html.escape(w)}</li>" for r, w in comp.left_out.items()) + "</ul>")
+                f"<li>{html.escape(r)}: {html.escape(w)}</li>" for r, w in g.left_out.items()) + "</ul>")
         sc = res.scaling
         if sc is not None:
             parts.append(html_table(sc.table))
             parts.append(f"<p><b>{html.escape(sc.sentence)}</b></p>")
             if sc.table.height >= 2:
-                parts.append(charts.embed_div(charts.throughput_chart(sc), "chart-throughput"))
-                parts.append(charts.embed_div(charts.latency_chart(sc), "chart-latency"))
+                parts.append(charts.embed_div(charts.throughput_chart(sc), f"chart-throughput{suffix}"))
+                parts.append(charts.embed_div(charts.latency_chart(sc), f"chart-latency{suffix}"))
     own = metrics.throughput(store, runs)
     detail = ['<h2 id="metrics">Run metrics</h2>']
     for row in own.iter_rows(named=True):
@@ -230,8 +230,7 @@ def build_report(store: Store, runs: str | list[str] | None) -> tuple[str, list[
     from forensics.session import Analysis
 
     names = runs_mod.resolve(store, runs, one=True).runs
-    pool = metrics.comparable_runs(store, names).runs  # the sweep the throughput section compares
-    with Analysis.open(store, sorted({*names, *pool})) as session:  # every finding computed once for all
+    with Analysis.open(store, names) as session:  # the findings as the store's analysis holds them
         return _page(session, names, charts)
 
 
@@ -244,7 +243,7 @@ def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
     verdicts = [v for v in every or [] if v.run in names]
     body = [_verdict_section(verdicts) if every else f'<p class="na">{html.escape(why)}</p>',
             _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes)]
-    throughput, detail = _throughput_section(session.store, names, every or [], charts)
+    throughput, detail = _throughput_section(session.store, names, charts)
     whatif, whatif_notes = whatif_section(session.store, names, charts, html_table)
     notes += whatif_notes
     body += [throughput, whatif, detail]

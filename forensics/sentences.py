@@ -338,14 +338,11 @@ def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     if mine.height == 0:
         return []
     parts = []
-    groups = mine.with_columns(pl.col("http_status").cast(pl.String).alias("_status"),
-                               pl.col("error").fill_null("").str.slice(0, 80).alias("_why"))
-    for (status, reason, before, why), g in groups.group_by(["_status", "reason", "before_slot", "_why"],
-                                                             maintain_order=True):
+    groups = mine.with_columns(pl.col("http_status").cast(pl.String).alias("_status"))
+    for (status, reason, before), g in groups.group_by(["_status", "reason", "before_slot"], maintain_order=True):
         how = f"with HTTP {status}" if status else f"({_REASONS.get(str(reason), str(reason))})"
         where = " before reaching a slot" if before and status else ""
-        said = f" ({why})" if why else ""
-        parts.append(f"{g.height} {how}{where}{said}")
+        parts.append(f"{g.height} {how}{where}{_messages(g)}")
     head = f"{plural(mine.height, 'request')} failed"
     sentence = f"{head} {parts[0].split(' ', 1)[1]}" if len(parts) == 1 else f"{head}: " + "; ".join(parts)
     ctx.tell(mine.filter(pl.col("task").is_not_null()))
@@ -353,6 +350,15 @@ def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
                                                                               if e][:20],
                  {"failed": mine.height, "by_status": {str(k): int(v) for k, v in
                                                        mine["http_status"].value_counts().iter_rows()}})]
+
+
+def _messages(rows: pl.DataFrame, limit: int = 2) -> str:
+    """`` (first message; second message; +3 more)``: the distinct errors of ``rows``, each cut at 70 characters."""
+    said = [str(m).splitlines()[0][:70] for m in dict.fromkeys(rows["error"].drop_nulls().to_list())]
+    if not said:
+        return ""
+    more = f"; +{len(said) - limit} more" if len(said) > limit else ""
+    return " (" + "; ".join(said[:limit]) + more + ")"
 
 
 _REASONS = {"timeout": "the client timed out", "parse_error": "output that did not parse", "client": "cancelled",

@@ -16,8 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics import metrics, registry
-from forensics.metrics import Comparable
+from forensics import registry
 from forensics.sentences import (  # noqa: F401  (public names of the verdict)
     CRASH_ADVICE,
     FINDING,
@@ -130,7 +129,7 @@ def verdict(source: Store | Analysis, runs: str | list[str] | None = None,
 def stored_verdicts(store: Store, runs: list[str]) -> list[RunVerdict]:
     """The verdicts the store's analysis holds for ``runs``, in their order."""
     facts = read_derived(store, "verdict_facts", runs).sort("run", "n", maintain_order=True)
-    counts = dict(read_derived(store, "run_facts", runs).select("run", "requests").iter_rows())
+    counts = dict(read_derived(store, "run_facts", runs).select("run", "server_requests").iter_rows())
     by_run = {k[0]: v for k, v in facts.partition_by("run", as_dict=True).items()} if facts.height else {}
     out = []
     for run in runs:
@@ -143,29 +142,11 @@ def stored_verdicts(store: Store, runs: list[str]) -> list[RunVerdict]:
     return out
 
 
-def broken_kinds() -> tuple[str, ...]:
-    """The findings that make a run measure a broken server (the registry's ``breaks_throughput``)."""
-    return tuple(f.name for f in registry.findings(breaks_throughput=True))
-
-
-def comparable_healthy_runs(store: Store, runs: list[str], known: list[RunVerdict] | None = None,
-                            keep: tuple[str, ...] = ()) -> Comparable:
-    """The runs a throughput comparison for ``runs`` may pool (``metrics.comparable_runs``: the runs named, or
-    one run's sweep), less those that measured a broken server (a dead slot, a crash, a run that did not
-    complete), each left out with its verdict's sentences.  ``known``: verdicts already computed; ``keep``:
-    finding kinds that do not leave a run out for this caller."""
-    have = {v.run: v for v in known or []}
-    pool = metrics.comparable_runs(store, runs).runs
-    todo = [r for r in pool if r not in have]
-    have.update({v.run: v for v in (verdict(store, todo) if todo else [])})
-    kinds = tuple(k for k in broken_kinds() if k not in keep)
-
-    def breaks(f: Fact) -> bool:
-        return f.kind in kinds and f.severity == FINDING
-
-    broken = {r: " ".join(f.sentence for f in v.facts if breaks(f)) for r, v in have.items()
-              if any(breaks(f) for f in v.facts)}
-    return metrics.comparable_runs(store, runs, broken=broken)
-
-
-BROKEN_KINDS = broken_kinds()
+def verdict_frame(verdicts: list[RunVerdict]) -> pl.DataFrame:
+    """The verdicts as rows (``verdict_facts``): one per fact, in order, its evidence a list and its fields JSON."""
+    rows = [{"run": v.run, "n": i, "kind": f.kind, "severity": f.severity, "sentence": f.sentence,
+             "evidence": list(f.evidence), "fields": json.dumps(f.fields, default=str, sort_keys=True)}
+            for v in verdicts for i, f in enumerate(v.facts)]
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {"run": pl.String, "n": pl.Int64, "kind": pl.String, "severity": pl.String, "sentence": pl.String,
+              "evidence": pl.List(pl.String), "fields": pl.String}
+    return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)

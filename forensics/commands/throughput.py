@@ -52,26 +52,32 @@ def throughput(runs: tuple[str, ...], by: str | None, source: str, fmt: str, sto
 
 
 def _fit(store: object, runs: list[str], by: str, source: str, fmt: str) -> None:
-    """The fit across the comparable healthy runs (``sweep.throughput_fit``): the table on stdout; which runs,
-    those left out and why, the fit and the knee on stderr."""
+    """One fit per setup of the comparable healthy runs (``sweep.throughput_fits``): the tables on stdout (a setup
+    column first); each setup's runs, those left out and why, its fit and its knee on stderr."""
     from forensics.render import render
-    from forensics.sweep import left_out_lines, throughput_fit
+    from forensics.sweep import fit_table, throughput_fits
 
-    res = throughput_fit(store, runs, by=by, source=source)  # type: ignore[arg-type]
-    for line in left_out_lines(res.comparable):
-        click.echo(f"note: {line}", err=True)
-    sc = res.scaling
-    if sc is None:
+    fits = throughput_fits(store, runs, by=by, source=source)  # type: ignore[arg-type]
+    for res in fits:
+        for line in res.group.lines():
+            click.echo(f"note: {line}", err=True)
+    table = fit_table(fits)
+    if table.height == 0:
         click.echo("note: no healthy run to fit", err=True)
         return
-    render(sc.table, fmt, sys.stdout)
-    for note in sc.notes:
-        click.echo(f"note: {note}", err=True)
-    if sc.fit is not None:
-        click.echo(f"fit: latency_p50_s = {sc.fit.a:.3f} + {sc.fit.b:.3f} x {by} "
-                   f"(b: seconds one more concurrent request adds; {sc.fit.n} runs"
-                   + (f", r2 {sc.fit.r2:.2f}" if sc.fit.r2 is not None else "") + ")", err=True)
-    click.echo(sc.sentence, err=True)
+    render(table, fmt, sys.stdout)
+    for res in fits:
+        sc = res.scaling
+        if sc is None:
+            continue
+        head = f"{res.group.label}: " if len(fits) > 1 else ""
+        for note in sc.notes:
+            click.echo(f"note: {head}{note}", err=True)
+        if sc.fit is not None:
+            click.echo(f"fit: {head}latency_p50_s = {sc.fit.a:.3f} + {sc.fit.b:.3f} x {by} "
+                       f"(b: seconds one more concurrent request adds; {sc.fit.n} runs"
+                       + (f", r2 {sc.fit.r2:.2f}" if sc.fit.r2 is not None else "") + ")", err=True)
+        click.echo(f"{head}{sc.sentence}", err=True)
 
 
 @click.command(epilog="""\b

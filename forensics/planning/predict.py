@@ -1,8 +1,8 @@
 """Predictions with their error: the runs a prediction rests on, the fitted model, and how well it predicted each
 of those runs when that run was left out.
 
-``planner`` gathers the pool (the store's healthy runs of the same model: ``verdict.comparable_healthy_runs``
-over them, so a dead slot, a crash or a killed run never teaches the model), reads each run's workload once, fits
+``planner`` gathers the pool (the store's healthy runs of the targets' setup: ``setups.groups``, so a dead slot, a
+crash or a killed run never teaches the model, and runs of another build, model or context never mix), reads each run's workload once, fits
 the cost model on all of them, and runs leave-one-run-out: for each run, fit on the others and predict the run
 from its own workload, at its own speed (``Planner.speed``: how fast its requests went against the model, the
 machine's load that day).  A prediction's band is the largest relative error of those folds, per figure, taken from
@@ -143,28 +143,17 @@ def solo_note(model: CostModel, np_: int) -> list[str]:
             "it, which its band does not cover; record a run at np 1 to predict it"]
 
 
-def _pool(store: Store, targets: list[str], slots: pl.DataFrame) -> tuple[list[str], str, dict[str, str]]:
-    """The healthy runs of the targets' model (``verdict.comparable_healthy_runs`` over them)."""
-    from forensics.verdict import comparable_healthy_runs
+def _pool(store: Store, targets: list[str]) -> tuple[list[str], str, dict[str, str]]:
+    """The healthy runs of the targets' setup (``setups.groups``: the one rule of comparable runs), runaways kept:
+    the model costs every token a request generated, so a run whose outputs ran away still times the server."""
+    from forensics.setups import groups
 
-    everyone = runs_mod.all_runs(store)
-    keys = {r: model_key(slots, r) for r in everyone}
-    mine = {keys.get(t) for t in targets}
-    if len(mine) > 1:
-        raise InputError("the runs named were served by different models: " + ", ".join(sorted(str(k) for k in mine)),
-                         hint="name runs of one model (and one setup)")
-    key = next(iter(mine))
-    same = [r for r in everyone if keys.get(r) == key]
-    # the model costs every token a request generated, so a run whose outputs ran away still times the server
-    comp = comparable_healthy_runs(store, same, keep=("runaway",))
-    healthy = [r for r in comp.runs if r in same]
-    left_out = {r: why for r, why in comp.left_out.items() if r in same}
-    # the targets' own sweep, when it spans two np: runs recorded together share their conditions (the machine's
-    # load, the server's flags), which other runs of the model may not
-    sweep = [r for r in metrics.comparable_runs(store, targets).runs if r in healthy]
-    if len({_np(slots, r) for r in sweep} - {None}) >= 2 and set(sweep) != set(healthy):
-        return sweep, f"the healthy runs of the sweep of {', '.join(targets)}", left_out
-    return healthy, f"the healthy runs of model {key}" if key else "the healthy runs with no model logged", left_out
+    found = groups(store, targets, keep=("runaway",))
+    if len(found) != 1:
+        raise InputError("the runs named measured different setups: " + "; ".join(g.label for g in found),
+                         hint="name runs of one setup: `forensics throughput --by np` lists them per setup")
+    g = found[0]
+    return g.runs, f"the healthy runs of setup {g.label}", g.left_out
 
 
 def _np(slots: pl.DataFrame, run: str) -> int | None:
@@ -178,7 +167,7 @@ def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Pl
     """The planner for ``runs`` (the targets of a prediction): the pool, workloads, fit and folds."""
     targets = runs_mod.resolve(store, runs).runs
     slots = workload.run_slots(store, runs_mod.all_runs(store))
-    pool, basis, left_out = _pool(store, targets, slots)
+    pool, basis, left_out = _pool(store, targets)
     wanted = list(dict.fromkeys([*pool, *targets]))
     rows = workload.requests_frame(store, wanted)
     loads = {r: workload.read_workload(store, r, instance=instance if r in targets else None, rows=rows, slots=slots)
@@ -190,11 +179,7 @@ def planner(store: Store, runs: list[str], *, instance: str | None = None) -> Pl
             exc.message += " (left out as broken: " + ", ".join(left_out) + ")"
         raise
     m = metrics.throughput(store, wanted)
-    sweeps: dict[str, list[str]] = {}
-    for r in pool:  # one lookup per sweep, not per run
-        if r not in sweeps:
-            group = metrics.comparable_runs(store, [r]).runs
-            sweeps.update({g: group for g in group if g in pool or g == r})
+    sweeps: dict[str, list[str]] = {r: list(pool) for r in pool}  # the pool is one setup: one sweep
     p = Planner(store, pool, basis, left_out, loads, measured_figures(m), model, _empty_folds(), sweeps)
     p.folds = leave_one_out(p)
     if p.folds.height == 0:
