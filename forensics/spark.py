@@ -206,6 +206,26 @@ def _member_frame(spark: Any, store: Store, table: str, existing_only: bool) -> 
     return out
 
 
+def _derived_frame(spark: Any, store: Store, table: str) -> Any | None:
+    """One store's rows of a derived table (``forensics.derived``): its file in every live batch, less the batches'
+    dead runs."""
+    from pyspark.sql import functions as F
+
+    from forensics import derived
+
+    frames = []
+    for b in derived.batches(store):
+        rel = b.tables.get(table)
+        if rel is None:
+            continue
+        rows = spark.read.parquet(str(store.root / rel))
+        frames.append(rows.where(~F.col("run").isin(sorted(b.dead))) if b.dead else rows)
+    out = frames[0] if frames else None
+    for f in frames[1:]:
+        out = out.unionByName(f, allowMissingColumns=True)
+    return out
+
+
 def table_frame(spark: Any, store: Store, table: str, existing_only: bool = False) -> Any:
     """``table`` of ``store`` (or of each member of a fleet, its runs named ``host:run``) as a Spark frame with
     the DuckDB view's columns."""
@@ -214,19 +234,23 @@ def table_frame(spark: Any, store: Store, table: str, existing_only: bool = Fals
     from forensics.fleet import HOST_SEP, members_of
 
     frames = []
+    declared = table in schema.TABLES
     for host, member in members_of(store):
-        frame = _member_frame(spark, member, table, existing_only)
+        frame = _member_frame(spark, member, table, existing_only) if declared else \
+            _derived_frame(spark, member, table)
         if frame is not None and host is not None:
             frame = frame.withColumn("run", F.concat(F.lit(host + HOST_SEP), F.col("run").cast("string")))
         if frame is not None:
             frames.append(frame)
+    if not frames and not declared:
+        raise StoreError(f"the store has no derived table {table!r}", hint="run `forensics ingest` again")
     if not frames:
         ddl = ", ".join(f"`{c.name}` {_spark_type(c.dtype)}" for c in schema.TABLES[table])
         return spark.createDataFrame([], ddl)
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f, allowMissingColumns=True)
-    return _conformed(out, table)
+    return _conformed(out, table) if declared else out
 
 
 # ---------------------------------------------------------------------------------------------- transpiling

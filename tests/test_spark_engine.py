@@ -132,6 +132,16 @@ def _planning_requests(store: Store) -> pl.DataFrame:
     return requests_frame(store, runs.all_runs(store))
 
 
+def _request_facts(session: Any) -> pl.DataFrame:
+    session.prepare(session.runs)
+    return session.query("request_facts", runs=session.runs)
+
+
+def _run_setup(session: Any) -> pl.DataFrame:
+    session.prepare(session.runs, requests=False)
+    return session.query("run_setup", runs=session.runs)
+
+
 def _class_tokens(session: Any) -> pl.DataFrame:
     from forensics import compare
 
@@ -166,6 +176,8 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Any], pl.DataFrame]]] = {
     "failovers": (("failovers",), _failovers),
     "otel_spans": (("otel_spans",), _spans),
     "planning_requests": (("planning_requests",), _planning_requests),
+    "request_facts": (("request_facts",), _request_facts),
+    "run_setup": (("run_setup",), _run_setup),
 }
 
 
@@ -193,7 +205,7 @@ def _answers(store: Store, cases: list[str]) -> dict[str, pl.DataFrame | BaseExc
 # The cases computed through the one analysis session (the others read the store themselves).
 SESSION_CASES = {"runaways", "prompt_over_context", "deadslots", "dead_slots", "cap_whatif", "caps_by_run", "errors",
                  "crashes", "kv_stall", "client_timeouts", "missing_items", "failed_requests", "run_ends", "run_cost",
-                 "request_classes", "class_tokens", "verdict"}
+                 "request_classes", "class_tokens", "verdict", "request_facts", "run_setup"}
 
 
 def _compare(answers: tuple[dict[str, Any], dict[str, Any]], case: str) -> pl.DataFrame:
