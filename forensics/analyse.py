@@ -176,10 +176,16 @@ def ensure(store: Store, *, progress: Progress | None = None) -> None:
     from forensics.fleet import members_of
 
     for _host, member in members_of(store):
-        if derived.state(member).version == VERSION and not needs(member):
+        todo = needs(member)
+        if derived.state(member).version == VERSION and not todo:
             continue
         try:
             with member.lock(wait=False):
+                if progress is not None and todo:
+                    why = "derived by another version" if derived.state(member).version not in (None, VERSION) \
+                        else "not derived yet"
+                    progress(f"forensics: analysing {len(todo)} run{'s' if len(todo) != 1 else ''} of "
+                             f"{member.root} ({why}); the next command reads what it stores")
                 analyse(member, progress=progress)
         except (StoreError, PermissionError):
             continue

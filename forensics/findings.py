@@ -21,7 +21,7 @@ from forensics.registry import CAPS_SCHEMA, cap_step, round_cap, serious_errors 
 from forensics.session import DEFAULTS, Analysis, Thresholds, analysis, thresholds
 from forensics.shapes import MASKS, mask_series, mask_shape  # noqa: F401
 from forensics.store import Store
-from forensics.timefmt import stamp_expr
+from forensics.timefmt import wall_expr
 
 Source: TypeAlias = "Store | Analysis"
 Runs: TypeAlias = "str | list[str] | tuple[str, ...] | None"
@@ -284,7 +284,7 @@ def group_errors(ev: pl.DataFrame) -> pl.DataFrame:
     """The rows of errors.sql grouped by run, kind and message shape (``shapes.MASKS``), errors first."""
     if ev.height == 0:
         return pl.DataFrame(schema=ERROR_SCHEMA)
-    at = stamp_expr(pl.col("ts"), pl.col("elapsed_s"), pl.format("line {}", pl.col("line_no")))
+    at = wall_expr(pl.col("ts"))  # wall clock or nothing: the lines are in `evidence`
     spot = pl.format("{}:{}", pl.col("path"), pl.col("line_no")) + \
         pl.when(pl.col("line_last") != pl.col("line_no")).then(pl.format("-{}", pl.col("line_last"))).otherwise(pl.lit(""))
     ev = ev.with_row_index("_i").with_columns(mask_series(ev["message"]).alias("shape"), at.alias("_at"),

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from forensics import sentences as S
 from forensics.errors import NotFoundError
 from forensics.lazy import LazyModule
-from forensics.timefmt import stamp_expr
+from forensics.timefmt import wall_expr
 
 if TYPE_CHECKING:
     import polars as pl
@@ -97,9 +97,7 @@ def _dead_slots(rows: pl.DataFrame, session: Analysis, th: Thresholds) -> pl.Dat
     if not th.include_recovered:
         first = first.filter(~pl.col("recovered"))
     out = first.select(
-        "run", "instance", "slot",
-        stamp_expr(pl.col("t_start"), pl.col("elapsed_start_s"),
-                   pl.format("seq {}", pl.col("seq"))).alias("dead_from"),
+        "run", "instance", "slot", wall_expr(pl.col("t_start")).alias("dead_from"),
         "seq", "task", pl.col("line_first").alias("line"), "requests_affected", "items_lost", "recovered",
         pl.col("dead_why").alias("why"))
     return out if session.has_matches else out.drop("items_lost")

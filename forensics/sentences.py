@@ -176,7 +176,8 @@ def dead_slot(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
             if "item" in after.columns else []
         tail = f", {plural(len(lost), 'item')} lost ({names(lost)})" if lost else ""
         rec = "recovered" if s["recovered"] else "never recovered"
-        sentence = (f"Slot {s['slot']} of `{ctx.name(s['instance'])}` died {spoken(s['dead_from'])}{on} and {rec}: "
+        when = spoken(s["dead_from"]) if s["dead_from"] else f"at line {s['line']}"
+        sentence = (f"Slot {s['slot']} of `{ctx.name(s['instance'])}` died {when}{on} and {rec}: "
                     f"{symptoms(bad)}{_detail(bad, seq.filter(~pl.col('abnormal') & ~pl.col('unknown')))}{tail}.")
         ctx.tell(bad)
         ctx.told_items.update(lost)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # The analysis version: bump it whenever a rule, a query or a derived column changes what the store's analysis
 # holds (forensics.analyse), so that a store derived by an older project is derived again on first use.
-VERSION = 3
+VERSION = 5
 
 
 
@@ -162,8 +162,12 @@ class Analysis:
                         "WHERE false")
         have = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
         extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
+        # a line without a wall-clock time of its own gets its instance's start plus its elapsed time, when the
+        # instance was anchored (a manifest's launch time, the join): every time column is then wall clock
+        anchored = ("* REPLACE (coalesce(t.ts, t.elapsed_s * INTERVAL 1 SECOND + (SELECT any_value(i.started_at) "
+                    "FROM instances i WHERE i.run = t.run AND i.instance = t.instance)) AS ts)")
         con.execute(f"CREATE OR REPLACE TEMP VIEW fx_events AS SELECT {named}" + (f", {extra}" if extra else "")
-                    + f" FROM events t WHERE run IN ({inlist})")
+                    + f" FROM (SELECT {anchored} FROM events t WHERE run IN ({inlist})) t")
         con.execute("CREATE OR REPLACE TEMP VIEW fx_lost AS SELECT DISTINCT run, item, stage FROM items "
                     f"WHERE NOT coalesce(done, false) AND run IN ({inlist})")
         self._live_requests(named, inlist)

@@ -41,6 +41,12 @@ def stamp_expr(ts: pl.Expr, elapsed_s: pl.Expr, fallback: pl.Expr) -> pl.Expr:
             .when(elapsed_s.is_not_null()).then(elapsed).otherwise(fallback))
 
 
+def wall_expr(ts: pl.Expr) -> pl.Expr:
+    """A wall-clock time as ISO text with milliseconds (``2026-08-23T10:50:19.855Z``), null when there is none: what
+    every time column of a listing holds (a line number or a process's own seconds go in columns of their own)."""
+    return ts.dt.convert_time_zone("UTC").dt.to_string(ISO_MS)
+
+
 def spoken(text: object) -> str:
     """A stamp as a sentence says it: the clock time of an ISO stamp, the server's clock in seconds since it
     started, else the fallback (``at line 672``, ``at request 4 on the slot``)."""
