@@ -17,7 +17,8 @@ from forensics import findings, report
 from forensics.analyse import ingest_and_analyse
 from forensics.errors import InputError
 from forensics.generate import demo_scenarios, generate
-from forensics.ingest import IngestOptions, summary
+from forensics.ingest import IngestOptions
+from forensics.overview import summary
 from forensics.runs import all_runs
 from forensics.store import Store
 from forensics.verdict import verdict

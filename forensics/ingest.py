@@ -1320,22 +1320,3 @@ def parse_time(text: str) -> datetime:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc)
-
-
-def summary(store: Store) -> dict[str, pl.DataFrame]:
-    con = store.connect()
-    try:
-        files = fetch_pl(con, "SELECT run, path, format, lines_total, lines_parsed, lines_skipped, lines_unparsed "
-                              "FROM files ORDER BY run, path")
-        inst = fetch_pl(con, "SELECT run, instance, build, model, n_slots, n_ctx_slot, host, port, time_basis, "
-                             "requests FROM instances ORDER BY run, instance")
-        reqs = fetch_pl(con, "SELECT run, count(*) AS requests, count(DISTINCT instance) AS instances, "
-                             "count(DISTINCT instance || '/' || CAST(slot AS VARCHAR)) AS slots, "
-                             "CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens, CAST(sum(gen_tokens) AS BIGINT) AS gen_tokens, "
-                             "count(*) FILTER (WHERE stop_reason = 'error') AS errors, "
-                             "count(*) FILTER (WHERE truncated) AS truncated "
-                             "FROM requests GROUP BY run ORDER BY run")
-    finally:
-        con.close()
-    return {"files": files, "instances": inst, "requests": reqs}
-

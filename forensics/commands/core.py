@@ -184,13 +184,13 @@ def summary(fmt: str, store_path: Path | None) -> None:
 
     import polars as pl
 
-    from forensics import ingest as ingest_mod
+    from forensics.overview import summary as overview
     from forensics.render import render, to_json
     from forensics.verdict import verdict
 
     store = cli_mod.open_store(store_path)
     verdicts = verdict(store)
-    parts = ingest_mod.summary(store)
+    parts = overview(store)
     if fmt == "json":
         body = [f'"verdict": {json.dumps([v.as_dict() for v in verdicts], ensure_ascii=False, default=str)}']
         body += [f'"{k}": {to_json(v)}' for k, v in parts.items()]

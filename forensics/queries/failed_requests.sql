@@ -2,8 +2,9 @@
 --
 -- A run with replay records: every attempt that did not finish ok (outcome other than ok: an HTTP error, a
 -- timeout, output that did not parse, ...), with the server request it reached when the join tied one (its
--- instance, slot and task), and every server request that failed (fx_requests.failed: an error, HTTP >= 400, stop
--- reason error, cancelled) that no attempt is tied to.  A run without records: its failed server requests.
+-- instance, slot and task).  The harness saw every request it made, so its records count the failures; a server
+-- request the client gave up on is that attempt's, tied or not.  A run without records: its failed server
+-- requests (fx_requests.failed: an error, HTTP >= 400, stop reason error, cancelled).
 -- `source` says which side saw the failure (records, server); `reason` is the outcome of the attempt, else what
 -- ended the server request (fx_requests.stop_cause); `before_slot`: the attempt failed and no server request of
 -- the run is tied to it (an HTTP error answered before any slot took it, or a request the log does not show).
@@ -33,9 +34,7 @@ from_server AS (
            r.stop_cause AS reason, r.error, 'server' AS source, false AS before_slot,
            r.path || ':' || r.line_first || '-' || r.line_last AS evidence, r.start_key AS at_key
     FROM fx_requests r
-    WHERE r.failed
-      AND NOT EXISTS (SELECT 1 FROM tied t WHERE t.run = r.run AND t.instance = r.instance AND t.slot = r.slot
-                                             AND t.task = r.task)
+    WHERE r.failed AND r.run NOT IN (SELECT DISTINCT run FROM attempts WHERE run IN (SELECT unnest($runs)))
 )
 SELECT run, instance, slot, task, seq, item, stage, attempt, http_status, reason, error, source, before_slot,
        evidence
