@@ -108,6 +108,7 @@ def clone_store(src: Path, dest: Path, copies: int) -> int:
             con.close()
             parts = [_renamed(p, s) for p in pk["parts"] for s in suffixes]
             new_packs.setdefault(name, []).append({"path": str(out.relative_to(dest)), "parts": parts})
+    manifest["derived"] = _cloned_derived(src, dest, manifest.get("derived"), sfx, suffixes)
     manifest["packs"] = new_packs
     manifest["parts"] = {t: [_renamed(p, s) for p in manifest["parts"].get(t, []) for s in suffixes]
                          for t in new_packs}
@@ -118,6 +119,32 @@ def clone_store(src: Path, dest: Path, copies: int) -> int:
     return len({p.split("/")[1] for p in manifest["parts"].get("requests", [])})
 
 
+def _cloned_derived(src: Path, dest: Path, entry: dict | None, sfx: pa.Table, suffixes: list[str]) -> dict | None:
+    """The source's analysis (``forensics.derived``) for the cloned runs: each batch's files with every run again
+    under each suffix, so the clone is analysed as the source is (deriving 10,000 runs again would take its own
+    benchmark)."""
+    from forensics.store import sql_string
+
+    if not entry:
+        return entry
+    batches = []
+    for b in entry.get("batches", []):
+        tables = {}
+        for name, rel in b["tables"].items():
+            out = dest / "_derived" / b["id"] / f"{name}.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            con = duckdb.connect()
+            con.register("sfx", sfx)
+            con.execute(f"COPY (SELECT * REPLACE ((run || s) AS run) FROM read_parquet({sql_string(str(src / rel))}), "
+                        f"sfx ORDER BY run) TO {sql_string(str(out))} (FORMAT parquet, COMPRESSION zstd, "
+                        "ROW_GROUP_SIZE 100000)")
+            con.close()
+            tables[name] = str(out.relative_to(dest))
+        batches.append({**b, "runs": [r + s for r in b["runs"] for s in suffixes],
+                        "dead": [r + s for r in b.get("dead", []) for s in suffixes], "tables": tables})
+    return {**entry, "batches": batches, "stale": [r + s for r in entry.get("stale", []) for s in suffixes]}
+
+
 def _renamed(rel: str, suffix: str) -> str:
     table, run_dir, rest = rel.split("/", 2)
     return f"{table}/{run_dir}{suffix}/{rest}"
@@ -125,10 +152,13 @@ def _renamed(rel: str, suffix: str) -> str:
 
 def commands(store: Path, first_run: str) -> list[list[str]]:
     s = ["--store", str(store)]
+    second = first_run.replace("run-00001", "run-00002")
     return [["runs", *s, "--format", "csv"], ["summary", *s], ["missing", first_run, *s, "--format", "csv"],
             ["deadslots", *s, "--format", "csv"], ["runaways", *s, "--format", "csv"], ["cap", *s],
-            ["errors", *s, "--format", "csv"], ["throughput", *s, "--format", "csv"], ["verdict", *s],
-            ["verdict", first_run, *s], ["smoke", *s, "--max-p95", "10m", "--format", "csv"], ["check", *s]]
+            ["errors", *s, "--format", "csv"], ["throughput", *s, "--format", "csv"],
+            ["throughput", "--by", "np", *s, "--format", "csv"], ["verdict", *s], ["verdict", first_run, *s],
+            ["runaways", first_run, *s, "--format", "csv"], ["compare", first_run, second, *s],
+            ["smoke", *s, "--max-p95", "10m", "--format", "csv"], ["check", *s]]
 
 
 def bench_runs(out: Path, n_runs: int, requests: int, seed: int) -> list[Measure]:

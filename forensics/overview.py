@@ -1,4 +1,5 @@
-"""What a store holds, per run: its files, its server instances under the one name every output gives them, and
+"""What a store holds, per run: its files (counted: ``forensics sql "select * from files"`` lists them), its server
+instances under the one name every output gives them, and
 its requests counted as the findings count them (``request_facts``: the same tokens, failures and names).
 
 Library only: no click, no altair.
@@ -23,14 +24,16 @@ FROM {source} GROUP BY run ORDER BY run
 
 
 def summary(store: Store) -> dict[str, pl.DataFrame]:
-    """files, instances (named) and requests per run (``request_facts``, as stored, else worked out), with the
+    """files (per run), instances (named) and requests per run (``request_facts``, as stored, else worked out), with the
     failed finding's count of each run."""
     names = runs_mod.all_runs(store)
     with Analysis.open(store, names) as s:
         s.prepare(names)
         s.bind(["files"])
-        files = fetch_pl(s.con, "SELECT run, path, format, lines_total, lines_parsed, lines_skipped, lines_unparsed "
-                                "FROM files ORDER BY run, path")
+        files = fetch_pl(s.con, "SELECT run, count(*) AS files, string_agg(DISTINCT format, ',' ORDER BY format) "
+                                "AS formats, sum(lines_total) AS lines_total, sum(lines_parsed) AS lines_parsed, "
+                                "sum(lines_skipped) AS lines_skipped, sum(lines_unparsed) AS lines_unparsed "
+                                "FROM files GROUP BY run ORDER BY run")
         inst = fetch_pl(s.con, "SELECT run, instance, build, model, n_slots, n_ctx_slot, host, port, time_basis, "
                                "requests FROM fx_instances ORDER BY run, instance")
         source = "request_facts" if not derived.state(store).needs(names, VERSION) and names else "fx_requests"

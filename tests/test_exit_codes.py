@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forensics.ingest as ingest_mod
+from forensics import overview
 from forensics.cli import cli
 from forensics.ingest import IngestOptions, ingest
 
@@ -72,7 +73,7 @@ def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: py
     def broken(*_: object, **__: object) -> None:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(ingest_mod, "summary", broken)
+    monkeypatch.setattr(overview, "summary", broken)
     code, out, err = run("summary", "--store", str(store))
     assert (code, out) == (3, "")
     assert err == ("forensics: error: internal error: ZeroDivisionError: division by zero (this is a bug in "
