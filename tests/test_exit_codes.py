@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import forensics.ingest as ingest_mod
 from forensics import overview
 from forensics.cli import cli
 from forensics.ingest import IngestOptions, ingest
