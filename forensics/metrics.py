@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -36,6 +38,23 @@ KNEE_GAIN = 0.10  # the knee: first step where throughput grows less than 10 % p
 
 # The views the throughput path reads, and the tables whose rows make a run known to it.
 THROUGHPUT_TABLES = ["requests", "attempts", "runs", "instances"]
+
+
+@contextmanager
+def _prepared(store: Store | duckdb.DuckDBPyConnection,
+              runs: list[str] | None) -> Iterator[tuple[duckdb.DuckDBPyConnection, list[str]]]:
+    """A connection whose ``fx_requests`` holds the request facts of ``runs`` (a session's, already prepared, when
+    ``store`` is its connection), and the runs' names."""
+    if not isinstance(store, Store):
+        yield store, runs_mod.resolve(store, runs).runs
+        return
+    from forensics.session import Analysis
+
+    names = runs_mod.resolve(store, runs).runs
+    with Analysis.open(store, names) as s:
+        s.prepare(names)
+        s.bind(THROUGHPUT_TABLES)
+        yield s.con, names
 
 
 def _con(store: Store | duckdb.DuckDBPyConnection,
@@ -64,13 +83,8 @@ def request_intervals(store: Store | duckdb.DuckDBPyConnection, runs: list[str] 
     """One row per request with ``start_s``/``end_s`` on its run's clock (see request_intervals.sql)."""
     if source not in SOURCES:
         raise QueryError(f"unknown source {source!r}", hint=f"use one of {', '.join(SOURCES)}")
-    con, own = _con(store, THROUGHPUT_TABLES)
-    try:
-        names = runs_mod.resolve(store if own else con, runs).runs
+    with _prepared(store, runs) as (con, names):
         return fetch_pl(con, load_query("request_intervals").text, {"runs": names, "source": source})
-    finally:
-        if own:
-            con.close()
 
 
 @cache
@@ -115,21 +129,21 @@ def throughput(store: Store | duckdb.DuckDBPyConnection, runs: list[str] | None 
         got = stored_throughput(store, runs_mod.resolve(store, runs).runs)
         if got is not None:
             return got
-    con, own = _con(store, THROUGHPUT_TABLES)
-    try:
-        if intervals is not None:
+    if intervals is not None:
+        con, own = _con(store, THROUGHPUT_TABLES)
+        try:
             con.register("request_intervals", intervals.to_arrow())
             try:
                 return fetch_pl(con, load_query("throughput").text)
             finally:
                 con.unregister("request_intervals")
-        # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows
-        # stay inside DuckDB instead of going to polars and back.
-        names = runs_mod.resolve(store if own else con, runs).runs
+        finally:
+            if own:
+                con.close()
+    # One query: request_intervals.sql becomes the first CTE of throughput.sql, so a million rows stay inside
+    # DuckDB instead of going to polars and back.
+    with _prepared(store, runs) as (con, names):
         return fetch_pl(con, _throughput_sql(), {"runs": names, "source": source})
-    finally:
-        if own:
-            con.close()
 
 
 # ---------------------------------------------------------------------------------------- scaling

@@ -10,17 +10,20 @@
 --       durations  latencies (or only the run's duration in its summary), no send times (llmperf, vLLM
 --                  results without start_times): start_s and end_s stay null, and throughput takes the
 --                  run's duration (and, for a sample, its counts) from its summary.
---     Latency = end - start, else latency_ms.
---   * server (the `requests` table, from llama-server logs): otherwise.  Latency = total_ms / 1000.
+--     Latency = end - start, else latency_ms.  Tokens: the server request's (fx_requests: the one
+--     count every output shows) when the join tied the attempt to one, else the attempt's own.
+--   * server (fx_requests: the request facts every finding reads): otherwise.  Latency = its `seconds`.
 -- Clock of a server-log run (time_basis), the best its requests all have:
 --   absolute  t_start / t_end (an anchor exists): seconds since the run's first start;
 --   elapsed   elapsed_start_s / elapsed_end_s: seconds since each instance's first start
 --             (instances are aligned at their first request: no common anchor);
 --   order     no time at all: each slot's requests are laid back to back in `seq` order, each
---             lasting total_ms; every slot starts at 0.  Wall time and everything derived from it
+--             lasting its seconds; every slot starts at 0.  Wall time and everything derived from it
 --             are then estimates.
+-- `failed` is fx_requests.failed (server) or an outcome other than ok (records), as the failed finding counts.
 --
 -- Parameters: $runs (VARCHAR[]) runs to include; $source ('auto' | 'server' | 'records').
+-- Relations: fx_requests, fx_matches, attempts, runs.
 WITH rec_runs AS (
     SELECT DISTINCT run FROM attempts
     WHERE (started_at IS NOT NULL OR started_rel_s IS NOT NULL OR latency_ms IS NOT NULL
@@ -28,9 +31,9 @@ WITH rec_runs AS (
       AND run IN (SELECT unnest($runs)) AND $source <> 'server'
 ),
 srv_raw AS (
-    SELECT r.*,
+    SELECT r.*, r.seconds * 1000.0 AS total_ms,
            epoch(r.t_start) AS abs_start, epoch(r.t_end) AS abs_end
-    FROM requests r
+    FROM fx_requests r
     WHERE r.run IN (SELECT unnest($runs))
       AND $source <> 'records'
       AND r.run NOT IN (SELECT run FROM rec_runs)
@@ -86,8 +89,14 @@ rec_clock AS (
                 ELSE 'durations' END AS time_basis
     FROM attempts WHERE run IN (SELECT run FROM rec_runs) GROUP BY run
 ),
+tied AS (  -- the server request each attempt reached, when the join tied one: its generated tokens
+    SELECT m.run, m.item, m.stage, m.attempt, any_value(r.gen_tokens) AS srv_gen
+    FROM fx_matches m JOIN fx_requests r ON r.run = m.run AND r.instance = m.instance AND r.slot = m.slot
+                                        AND r.task = m.task
+    GROUP BY m.run, m.item, m.stage, m.attempt
+),
 rec AS (
-    SELECT a.*, c.time_basis,
+    SELECT a.*, c.time_basis, t.srv_gen,
            CASE c.time_basis WHEN 'absolute' THEN epoch(a.started_at) WHEN 'relative' THEN a.started_rel_s END
                AS abs_start,
            CASE c.time_basis
@@ -95,13 +104,14 @@ rec AS (
                WHEN 'relative' THEN coalesce(a.ended_rel_s, a.started_rel_s + a.latency_ms / 1000.0)
            END AS abs_end
     FROM attempts a JOIN rec_clock c USING (run)
+    LEFT JOIN tied t ON t.run = a.run AND t.item = a.item AND t.stage = a.stage AND t.attempt = a.attempt
 )
 SELECT run, 'server' AS source, time_basis, instance, slot, task, seq,
        CAST(NULL AS VARCHAR) AS item, CAST(NULL AS VARCHAR) AS stage,
        prompt_tokens, gen_tokens, gen_ms,
        total_ms / 1000.0 AS latency_s,
        CASE WHEN gen_tokens > 1 AND gen_ms IS NOT NULL THEN gen_ms / (gen_tokens - 1) END AS tpot_ms,
-       (error IS NOT NULL OR coalesce(http_status, 200) >= 400 OR stop_reason IN ('error', 'cancelled')) AS failed,
+       failed,
        stop_reason, truncated, context_shift, n_predict, error,
        start0 AS start_s, end0 AS end_s, end0 - start0 AS duration_s, line_first
 FROM srv
@@ -109,7 +119,7 @@ UNION ALL
 SELECT run, 'records' AS source, time_basis, server AS instance, id_slot AS slot,
        CAST(NULL AS BIGINT) AS task, attempt AS seq, item, stage,
        coalesce(tokens_evaluated, prompt_n) AS prompt_tokens,
-       coalesce(tokens_predicted, predicted_n) AS gen_tokens,
+       coalesce(srv_gen, tokens_predicted, predicted_n) AS gen_tokens,
        predicted_ms AS gen_ms,
        coalesce(abs_end - abs_start, latency_ms / 1000.0) AS latency_s,
        CASE WHEN coalesce(predicted_n, tokens_predicted) > 1 AND predicted_ms IS NOT NULL
