@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 CHUNK_REQUESTS = 400_000  # requests derived together (memory stays flat on a store of millions)
 MAX_BATCHES = 8  # more batches than this are merged into one after an analysis
+SAY_FROM = 200  # a command that derives this many runs (not derived yet) says so first
 
 Progress = Callable[[str], None]
 
@@ -181,9 +182,9 @@ def ensure(store: Store, *, progress: Progress | None = None) -> None:
             continue
         try:
             with member.lock(wait=False):
-                if progress is not None and todo:
-                    why = "derived by another version" if derived.state(member).version not in (None, VERSION) \
-                        else "not derived yet"
+                older = derived.state(member).version not in (None, VERSION)
+                if progress is not None and todo and (older or len(todo) >= SAY_FROM):
+                    why = "derived by another version" if older else "not derived yet"
                     progress(f"forensics: analysing {len(todo)} run{'s' if len(todo) != 1 else ''} of "
                              f"{member.root} ({why}); the next command reads what it stores")
                 analyse(member, progress=progress)

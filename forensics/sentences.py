@@ -176,7 +176,7 @@ def dead_slot(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
             if "item" in after.columns else []
         tail = f", {plural(len(lost), 'item')} lost ({names(lost)})" if lost else ""
         rec = "recovered" if s["recovered"] else "never recovered"
-        when = spoken(s["dead_from"]) if s["dead_from"] else f"at line {s['line']}"
+        when = spoken(s["dead_from"]) if s["dead_from"] else spoken(_stamp_of_row(first, s["line"]))
         sentence = (f"Slot {s['slot']} of `{ctx.name(s['instance'])}` died {when}{on} and {rec}: "
                     f"{symptoms(bad)}{_detail(bad, seq.filter(~pl.col('abnormal') & ~pl.col('unknown')))}{tail}.")
         ctx.tell(bad)
@@ -229,6 +229,13 @@ def crash(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
         out.append(Fact("crash", f"{who} {when} {at}{flight}: {message}." + (f" {advice}" if advice else ""),
                         ev, {"phase": r["phase"], "crashes": 1, **({"advice": advice} if advice else {})}))
     return out
+
+
+def _stamp_of_row(r: dict[str, Any], line: Any) -> str:
+    """A request's start as a sentence places it: its wall clock, else its server's own seconds, else its line."""
+    from forensics.timefmt import stamp
+
+    return stamp(r.get("t_start"), r.get("elapsed_start_s"), f"line {line}")
 
 
 def _stamp(r: dict[str, Any]) -> str:

@@ -178,15 +178,18 @@ def test_throughput_cli_table_json_and_knee_sentence(store_dir: Path) -> None:
     res = runner.invoke(cli, ["throughput", "--store", str(store_dir), "--by", "np", "--format", "csv"])
     assert res.exit_code == 0
     assert res.stdout.splitlines()[0] == (
-        "np,runs,gen_tok_per_s,req_per_s,latency_p50_s,latency_p90_s,effective_concurrency,peak_busy_slots,"
+        "setup,np,runs,gen_tok_per_s,req_per_s,latency_p50_s,latency_p90_s,effective_concurrency,peak_busy_slots,"
         "throughput_gain_per_step,latency_growth_per_step")
-    assert [line.split(",")[0] for line in res.stdout.splitlines()[1:]] == ["1", "2", "4", "8"]
+    # the runs log no build, model or workload: one setup, the same for all four
+    assert [line.rsplit('",', 1)[1].split(",")[0] for line in res.stdout.splitlines()[1:]] == ["1", "2", "4", "8"]
+    assert {line.rsplit('",', 1)[0] for line in res.stdout.splitlines()[1:]} == {'"no build, model or workload logged'}
     # fitted: T(c) = c / (8.087 + 1.443 c); T6/T5 - 1 = 9.7 % < 10 % at np 5, which no run measured: one knee,
     # between the measured np 4 and 8 (the step from 4 to 8 adds (1.3 - 1) / 4 = 7.5 % per slot)
     assert res.stderr.splitlines()[-1] == ("fitted latency = 8.09 s + 1.44 s × np: the knee is between np 4 and 8: "
                                            "from 4 to 8 each extra slot added 8 % throughput and 13 % latency")
     assert sum("knee" in line or "above np" in line for line in res.stderr.splitlines()) == 1
-    assert res.stderr.splitlines()[0] == "note: compared: every run in the store: np1, np2, np4, np8"
+    assert res.stderr.splitlines()[0] == ("note: setup no build, model or workload logged: every run of the store: "
+                                          "np1, np2, np4, np8")
     assert res.stderr.splitlines()[1].startswith("fit: latency_p50_s = 8.087 + 1.443 x np")
 
 
@@ -202,28 +205,3 @@ def test_model_knee_from_the_fitted_latency() -> None:
     assert metrics.model_knee(fit, [1, 2]) == (None, None)  # too few points to trust a model
     flat = metrics.fit_line([1, 2, 3], [5.0, 5.0, 5.0])
     assert metrics.model_knee(flat, [1, 2, 3]) == (None, None)  # no marginal cost: no knee
-
-
-def test_comparable_runs_are_the_sweep_or_the_same_workload(store_dir: Path) -> None:
-    """One run named: the runs of its sweep (manifest `sweep`), else with its model and stages, else served by
-    the same model; several named: those.  Broken runs are left out with their reason."""
-    stages = '["extract", "score"]'
-    runs = [{"run": "a1", "model": "m", "stages": stages}, {"run": "a2", "model": "m", "stages": stages},
-            {"run": "b1", "model": "other", "stages": stages},
-            {"run": "c1", "model": "m", "config": '{"sweep": "np-2026"}'},
-            {"run": "c2", "model": "x", "config": '{"sweep": "np-2026"}'}]
-    instances = [{"run": "d", "instance": "s", "model": "q.gguf", "n_ctx_slot": 4096},
-                 {"run": "e", "instance": "s", "model": "q.gguf", "n_ctx_slot": 2048},
-                 {"run": "f", "instance": "s", "model": "r.gguf"}]
-    store = write(store_dir, {"runs": runs, "instances": instances,
-                              "requests": [req(r, 0, 1, 1, 0, 1, 1000, 1, 900, 1) for r in "def"]})
-    a = metrics.comparable_runs(store, ["a1"])
-    assert (a.runs, a.basis, a.left_out) == (["a1", "a2"], "the runs with the same model and stages", {})
-    c = metrics.comparable_runs(store, ["c2"])
-    assert (c.runs, c.basis) == (["c1", "c2"], "the runs of its sweep")
-    d = metrics.comparable_runs(store, ["d"])  # another slot context, the same model: an -np sweep with fixed -c
-    assert (d.runs, d.basis) == (["d", "e"], "the runs served by the same model")
-    broken = metrics.comparable_runs(store, ["a1"], broken={"a2": "slot 0 died", "b1": "crashed"})
-    assert (broken.runs, broken.left_out) == (["a1"], {"a2": "slot 0 died"})
-    named = metrics.comparable_runs(store, ["b1", "a1", "f"], broken={"b1": "crashed"})
-    assert (named.runs, named.basis, named.left_out) == (["a1", "f"], "the runs named", {"b1": "crashed"})

@@ -119,9 +119,15 @@ def test_sentences_name_servers_as_the_manifest_does(tmp_path: Path) -> None:
         "runs": [{"run": "named", "servers": servers}],
         "requests": [req(r, 0, 1, 1, 0, 1, 1000, 10, 900, 10, instance="server#2") for r in ("named", "bare")]})
     with Analysis.open(store) as s:
-        names = instance_names(s, ["bare", "named"])
+        s.prepare(["bare", "named"], requests=False)  # the session's relations carry each instance's one name
+        got = s.con.execute("SELECT run, instance, name FROM fx_names ORDER BY run, instance").fetchall()
+        told = instance_names(s, ["bare", "named"])
+    names: dict[str, dict[str, str]] = {}
+    for run, instance, name in got:
+        names.setdefault(run, {})[instance] = name
     assert names["named"] == {"server": "main", "server#2": "main", "b": "backup"}
     assert names["bare"] == {"server": "server", "server#2": "server", "b": "b"}
+    assert told == {"named": {"main": "main", "backup": "backup"}, "bare": {"server": "server", "b": "b"}}
 
 
 def test_a_kv_cache_stall_is_named_and_short_retries_are_not(tmp_path: Path) -> None:

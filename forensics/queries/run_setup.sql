@@ -70,10 +70,10 @@ SELECT *,
        md5(concat_ws('|', coalesce(host, '?'), coalesce(CAST(build AS VARCHAR), '?'), coalesce("commit", '?'),
                      coalesce(model, '?'), coalesce(CAST(n_ctx AS VARCHAR), '?'), CAST(context_shift AS VARCHAR),
                      coalesce(stages, '?'), coalesce(caps, '?'), coalesce(sweep, '?')))[1:12] AS setup_key,
-       concat_ws(' · ', coalesce('b' || CAST(build AS VARCHAR), 'build ?'), coalesce(model, 'model ?'),
-                 '-c ' || CAST(n_ctx AS VARCHAR),
-                 CASE WHEN context_shift THEN 'context shift' END, host,
-                 CASE WHEN caps IS NOT NULL THEN 'caps ' || caps END,
-                 CASE WHEN sweep IS NOT NULL THEN 'sweep ' || sweep END) AS setup
+       coalesce(nullif(concat_ws(' · ', 'b' || CAST(build AS VARCHAR), model, '-c ' || CAST(n_ctx AS VARCHAR),
+                                 CASE WHEN context_shift THEN 'context shift' END, host,
+                                 CASE WHEN caps IS NOT NULL THEN 'caps ' || caps END,
+                                 CASE WHEN sweep IS NOT NULL THEN 'sweep ' || sweep END), ''),
+                'no build, model or workload logged') AS setup
 FROM base
 ORDER BY run
