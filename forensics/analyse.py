@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from forensics import derived, metrics, registry
+from forensics import derived, metrics, registry, schema
 from forensics import runs as runs_mod
 from forensics.errors import StoreError
 from forensics.session import DEFAULTS, VERSION, Analysis
-from forensics.store import MANIFEST, Store
+from forensics.store import MANIFEST, Store, fetch_pl
 from forensics.verdict import RunVerdict, verdict, verdict_frame
 
 if TYPE_CHECKING:
@@ -79,11 +79,12 @@ def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
         out = {"request_facts": s.query("request_facts", DEFAULTS, runs)}
         for f in registry.in_dependency_order(stored_findings()):
             out[finding_table(f.name)] = s.rows(f.name, DEFAULTS, runs)
-        s.bind(["instances", "runs"])
-        out["instance_facts"] = s.query("instance_names", DEFAULTS, runs)
+        out["instance_facts"] = fetch_pl(s.con, "SELECT * FROM fx_instances ORDER BY run, instance")
         verdicts = verdict(s, runs)
         out["verdict_facts"] = verdict_frame(verdicts)
         out["run_facts"] = run_frame(s, runs, verdicts)
+    for table in schema.DERIVED:  # the declared columns and types (docs/tables.md), whatever the queries gave
+        out[table] = schema.conform_derived(out[table], table)
     return out
 
 

@@ -20,15 +20,18 @@ TABLES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "tables.md"
 def _type(dtype: pl.DataType) -> str:
     if isinstance(dtype, pl.Datetime):
         return "timestamp (UTC)"
+    if isinstance(dtype, pl.List):
+        return "list of string"
     return {pl.Int64(): "int64", pl.Float64(): "float64", pl.Boolean(): "bool"}.get(dtype, "string")
 
 
 def tables_markdown() -> str:
     out: list[str] = []
-    for table, cols in schema.TABLES.items():
-        out += [f"## `{table}`", "", "| column | type | meaning |", "|---|---|---|"]
-        out += [f"| `{c.name}` | {_type(c.dtype)} | {c.description} |" for c in cols]
-        out.append("")
+    for title, tables in (("", schema.TABLES), ("Derived: ", schema.DERIVED)):
+        for table, cols in tables.items():
+            out += [f"## {title}`{table}`", "", "| column | type | meaning |", "|---|---|---|"]
+            out += [f"| `{c.name}` | {_type(c.dtype)} | {c.description} |" for c in cols]
+            out.append("")
     return "\n".join(out)
 
 

@@ -264,6 +264,145 @@ TABLES: dict[str, list[Column]] = {
 }
 
 
+# ---------------------------------------------------------------------------------------- derived tables
+# What the analysis derives once per run and stores (forensics.analyse, forensics.derived): every output reads
+# these, so a figure is the same wherever it appears.  Each finding's rows are derived too (``finding_<name>``,
+# its listing's columns: docs/findings.md).
+
+REQUEST_FACTS = [
+    Column("run", STR, "run the request belongs to"),
+    Column("instance", STR, "the server instance under the one name every output gives it (the manifest's server "
+                            "name, else the log's label)"),
+    Column("instance_id", STR, "the instance's id in the store's tables (requests, events, instances)"),
+    Column("path", STR, "log file"),
+    Column("slot", I64, "slot id"),
+    Column("task", I64, "task id"),
+    Column("seq", I64, "order of the request on its slot within the instance"),
+    Column("item", STR, "item of the attempt the join tied to it"),
+    Column("stage", STR, "stage of that attempt"),
+    Column("attempt", I64, "attempt number of that attempt"),
+    Column("prompt_tokens", I64, "prompt tokens: the log's, else the prompt its attempt (or a retry of it) sent"),
+    Column("prompt_source", STR, "where prompt_tokens comes from: log, attempt, retry"),
+    Column("cached_tokens", I64, "prompt tokens served from the slot's cache, where logged"),
+    Column("gen_tokens", I64, "generated tokens: the log's, else what the output added to the slot's context before "
+                              "it stopped, else its attempt's"),
+    Column("gen_logged", I64, "generated tokens as the log gave them"),
+    Column("gen_ms", F64, "generation time"),
+    Column("seconds", F64, "how long it ran: the server's timings when above zero, else end - start (never 0 for a "
+                           "request that ran; null: unknown)"),
+    Column("tpot_ms", F64, "gen_ms / gen_tokens"),
+    Column("n_past_end", I64, "tokens in the slot at release"),
+    Column("ctx_slot", I64, "the slot's context"),
+    Column("stop_reason", STR, "stop reason as logged"),
+    Column("truncated", BOOL, "released with truncated = 1"),
+    Column("context_shift", BOOL, "a context shift happened during the request"),
+    Column("n_predict", I64, "output cap as logged (-1 = none)"),
+    Column("cap_sent", I64, "output cap the harness sent (its attempt's max_tokens)"),
+    Column("cap", I64, "the cap in force: the log's n_predict when positive, else cap_sent"),
+    Column("stop_cause", STR, "what ended it: client, error, n_ctx_train, shutdown, context, cap, eos, word, unknown"),
+    Column("failed", BOOL, "an error, HTTP >= 400, stop reason error, or cancelled"),
+    Column("http_status", I64, "HTTP status of its request line"),
+    Column("error", STR, "error text tied to its task"),
+    Column("complete", BOOL, "the log shows its end"),
+    Column("prompt_truncated", BOOL, "the prompt was cut to fit the slot"),
+    Column("prompt_rejected", BOOL, "the server refused the prompt for its length"),
+    Column("ctx_error", BOOL, "its error says generation hit the end of the context"),
+    Column("ctx_full", BOOL, "it reached the slot's context by the server's own word"),
+    Column("t_start", TS, "wall-clock start (null: nothing places it)"),
+    Column("t_end", TS, "wall-clock end"),
+    Column("clock", STR, "how t_start was placed: log, anchored, elapsed, attempt, order, aligned (null: not placed)"),
+    Column("elapsed_start_s", F64, "start, seconds since its process started"),
+    Column("elapsed_end_s", F64, "end, seconds since its process started"),
+    Column("line_first", I64, "first line of the request"),
+    Column("line_last", I64, "last line of the request"),
+    Column("start_key", F64, "a sortable start: epoch(t_start), else elapsed_start_s"),
+    Column("bgroup", STR, "the baseline group normal requests are taken from: stage:<stage>, else instance:<name>"),
+    Column("err_shape", STR, "the error with digits masked"),
+    Column("clean", BOOL, "ended by itself or at its cap, without error: a baseline request"),
+]
+
+INSTANCE_FACTS = [
+    Column("run", STR, "run of the instance"),
+    Column("instance", STR, "the one name every output gives the instance"),
+    Column("instance_id", STR, "the instance's id in the store's tables"),
+    Column("path", STR, "its log file"),
+    Column("build", I64, "llama.cpp build number when logged"),
+    Column("model", STR, "model path or name when logged"),
+    Column("n_slots", I64, "slots (-np)"),
+    Column("n_ctx_slot", I64, "context of one slot"),
+    Column("port", I64, "listen port when logged"),
+    Column("time_basis", STR, "absolute, elapsed, anchored or order"),
+    Column("requests", I64, "requests it served"),
+    Column("crashed", BOOL, "the process died"),
+]
+
+RUN_FACTS = [
+    Column("run", STR, "run id"),
+    Column("build", I64, "build of the servers that served it (the log's, else the manifest's config.build)"),
+    Column("commit", STR, "their commit"),
+    Column("model", STR, "the model file's name, else the manifest's model"),
+    Column("n_ctx", I64, "the server's whole context (-c): the log's, else the manifest's config"),
+    Column("n_ctx_slot", I64, "the largest slot context logged"),
+    Column("context_shift", BOOL, "the server shifted the context (or the manifest says it was run with it)"),
+    Column("host", STR, "the manifest's config.host, else the host of its lines' wrapper"),
+    Column("stages", STR, "the manifest's stages (JSON)"),
+    Column("caps", STR, "the output cap the harness sent per stage (stage=cap, ...)"),
+    Column("sweep", STR, "the manifest's config.sweep"),
+    Column("setup_key", STR, "a digest of the setup: runs with the same key are comparable (forensics.setups)"),
+    Column("setup", STR, "the setup in words"),
+    Column("np", I64, "parallel slots: the manifest's concurrency, else the slots that served it, else the peak"),
+    Column("np_source", STR, "manifest, n_slots or peak_busy"),
+    Column("source", STR, "requests measured from records or server"),
+    Column("time_basis", STR, "the clock the run's requests are on"),
+    Column("estimated", BOOL, "no time at all: wall time and rates are estimates from the order"),
+    Column("requests", I64, "requests measured (attempts with records, else server requests)"),
+    Column("failed", I64, "failed requests, as the failed finding counts them"),
+    Column("wall_s", F64, "first request start to last end"),
+    Column("run_s", F64, "the manifest's duration"),
+    Column("gen_tokens", I64, "generated tokens"),
+    Column("prompt_tokens", I64, "prompt tokens"),
+    Column("gen_tok_per_s", F64, "generated tokens / wall_s"),
+    Column("req_per_s", F64, "successful requests / wall_s"),
+    Column("latency_mean_s", F64, "mean request latency"),
+    Column("latency_p50_s", F64, "median request latency"),
+    Column("latency_p90_s", F64, "p90 request latency"),
+    Column("latency_p95_s", F64, "p95 request latency"),
+    Column("latency_p99_s", F64, "p99 request latency"),
+    Column("latency_max_s", F64, "longest request"),
+    Column("tpot_mean_ms", F64, "mean time per output token"),
+    Column("tpot_p50_ms", F64, "median time per output token"),
+    Column("effective_concurrency", F64, "sum of request durations / wall_s"),
+    Column("peak_busy_slots", I64, "most requests in flight at once"),
+    Column("server_requests", I64, "server requests in its logs"),
+    Column("slots", I64, "slots that served them"),
+    Column("healthy", BOOL, "the verdict found nothing abnormal"),
+]
+
+VERDICT_FACTS = [
+    Column("run", STR, "run id"),
+    Column("n", I64, "the fact's place in the run's verdict"),
+    Column("kind", STR, "the finding it tells (dead_slot, runaway, failed, cost, healthy, ...)"),
+    Column("severity", STR, "finding (the run is unhealthy), advice or note"),
+    Column("sentence", STR, "the sentence"),
+    Column("evidence", pl.List(STR), "path:first-last of the lines it rests on"),
+    Column("fields", STR, "its numbers (JSON)"),
+]
+
+DERIVED: dict[str, list[Column]] = {
+    "request_facts": REQUEST_FACTS,
+    "instance_facts": INSTANCE_FACTS,
+    "run_facts": RUN_FACTS,
+    "verdict_facts": VERDICT_FACTS,
+}
+
+
+def conform_derived(df: pl.DataFrame, table: str) -> pl.DataFrame:
+    """``df`` with exactly the derived table's columns, in order, with their types (missing ones null)."""
+    cols = [pl.col(c.name).cast(c.dtype) if c.name in df.columns else pl.lit(None, dtype=c.dtype).alias(c.name)
+            for c in DERIVED[table]]
+    return df.select(cols)
+
+
 def polars_schema(table: str) -> dict[str, pl.DataType]:
     return {c.name: c.dtype for c in TABLES[table]}
 
