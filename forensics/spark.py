@@ -220,7 +220,9 @@ def _derived_frame(spark: Any, store: Store, table: str) -> Any | None:
             continue
         rows = spark.read.parquet(str(store.root / rel))
         frames.append(rows.where(~F.col("run").isin(sorted(b.dead))) if b.dead else rows)
-    out = frames[0] if frames else None
+    if not frames:
+        return None
+    out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f, allowMissingColumns=True)
     return out
