@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # The analysis version: bump it whenever a rule, a query or a derived column changes what the store's analysis
 # holds (forensics.analyse), so that a store derived by an older project is derived again on first use.
-VERSION = 9
+VERSION = 10
 
 
 
@@ -137,7 +137,8 @@ class Analysis:
     def _relations(self, runs: list[str]) -> None:
         """fx_names, fx_instances, fx_matches, fx_events, fx_lost and fx_live_requests over ``runs``: the store's
         rows with each instance under the one name every output gives it (``instance_names.sql``: the manifest's
-        server names; the store's id stays in ``instance_id``).  Cheap: only the names are computed here."""
+        server names; the store's id stays in ``instance_id``).  Cheap: only the names are computed here.  Plain
+        joins and column lists: the same statements run on Spark."""
         if self._view_runs == runs:
             return
         self.bind(BASE_TABLES)
@@ -146,32 +147,40 @@ class Analysis:
         con = self.con
         con.execute("CREATE OR REPLACE TEMP TABLE fx_names AS " + load_query("instance_names").text.rstrip()
                     .removesuffix("ORDER BY run, instance"), {"runs": runs})
-        named = ("* REPLACE (coalesce((SELECT n.name FROM fx_names n WHERE n.run = t.run AND n.instance = t.instance),"
-                 " t.instance) AS instance), t.instance AS instance_id")
-        con.execute(f"CREATE OR REPLACE TEMP VIEW fx_instances AS SELECT {named} FROM instances t "
-                    f"WHERE run IN ({inlist})")
+        con.execute("CREATE OR REPLACE TEMP VIEW fx_instances AS " + self._named("instances", f"t.run IN ({inlist})"))
         if self.has_matches:
             cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
             have_m = {c.name for c in schema.TABLES["matches"]}
             where = " AND coalesce(\"match\", 'matched') <> 'unmatched'" if "match" in have_m else ""
-            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {named} FROM (SELECT {cols} FROM matches "
-                        f"WHERE task IS NOT NULL AND run IN ({inlist}){where}) t")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches_raw AS SELECT {cols} FROM matches "
+                        f"WHERE task IS NOT NULL AND run IN ({inlist}){where}")
+            con.execute("CREATE OR REPLACE TEMP VIEW fx_matches AS " + self._named("fx_matches_raw", "true"))
         else:
             cols = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in MATCH_COLUMNS.items())
             con.execute(f"CREATE OR REPLACE TEMP VIEW fx_matches AS SELECT {cols}, CAST(NULL AS VARCHAR) AS instance_id "
                         "WHERE false")
-        have = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
-        extra = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
+        have = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
+        extra = "".join(f', CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
         # a line without a wall-clock time of its own gets its instance's start plus its elapsed time, when the
         # instance was anchored (a manifest's launch time, the join): every time column is then wall clock
-        anchored = ("* REPLACE (coalesce(t.ts, t.elapsed_s * INTERVAL 1 SECOND + (SELECT any_value(i.started_at) "
-                    "FROM instances i WHERE i.run = t.run AND i.instance = t.instance)) AS ts)")
-        con.execute(f"CREATE OR REPLACE TEMP VIEW fx_events AS SELECT {named}" + (f", {extra}" if extra else "")
-                    + f" FROM (SELECT {anchored} FROM events t WHERE run IN ({inlist})) t")
+        cols = ", ".join('coalesce(t.ts, to_timestamp(epoch(i.started_at) + t.elapsed_s)) AS "ts"' if c == "ts" else
+                         f't."{c}"' for c in have)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW fx_events_raw AS SELECT {cols}{extra} FROM events t "
+                    "LEFT JOIN (SELECT run, instance, max(started_at) AS started_at FROM instances GROUP BY run, "
+                    f"instance) i ON i.run = t.run AND i.instance = t.instance WHERE t.run IN ({inlist})")
+        con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS " + self._named("fx_events_raw", "true"))
         con.execute("CREATE OR REPLACE TEMP VIEW fx_lost AS SELECT DISTINCT run, item, stage FROM items "
                     f"WHERE NOT coalesce(done, false) AND run IN ({inlist})")
-        self._live_requests(named, inlist)
+        self._live_requests(inlist)
         self._view_runs = list(runs)
+
+    def _named(self, relation: str, where: str) -> str:
+        """``relation``'s rows with ``instance`` the instance's one name (fx_names) and ``instance_id`` its id."""
+        cols = [r[0] for r in self.con.execute(f"DESCRIBE {relation}").fetchall()]
+        picked = ", ".join("coalesce(n.name, t.instance) AS instance" if c == "instance" else f't."{c}"'
+                           for c in cols if c != "instance_id")
+        return (f"SELECT {picked}, t.instance AS instance_id FROM {relation} t LEFT JOIN fx_names n "
+                f"ON n.run = t.run AND n.instance = t.instance WHERE {where}")
 
     def _base(self, runs: list[str]) -> None:
         """fx_requests (a temporary table: every finding reads it several times) and fx_degenerate for ``runs``."""
@@ -188,20 +197,21 @@ class Analysis:
         self.register("fx_degenerate", self._degenerate())
         self._base_runs = list(runs)
 
-    def _live_requests(self, named: str, inlist: str) -> None:
+    def _live_requests(self, inlist: str) -> None:
         """fx_live_requests: the requests of the runs (instances named), with the running ones' tokens and duration
         so far when live."""
+        con = self.con
         if self.live is None:
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT {named} FROM requests t "
-                             f"WHERE run IN ({inlist})")
-            return
-        self.register("fx_live", self.live.select(*LIVE_SCHEMA).cast(LIVE_SCHEMA))  # type: ignore[arg-type]
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP VIEW fx_live_requests AS SELECT {named} FROM (SELECT r.* REPLACE ("
-            " CASE WHEN l.task IS NULL THEN r.gen_tokens ELSE l.gen_tokens END AS gen_tokens,"
-            " CASE WHEN l.task IS NULL THEN r.total_ms ELSE l.total_ms END AS total_ms)"
-            " FROM requests r LEFT JOIN fx_live l ON l.run = r.run AND l.instance = r.instance"
-            f" AND l.slot = r.slot AND l.task = r.task WHERE r.run IN ({inlist})) t")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_requests_raw AS SELECT * FROM requests WHERE run IN ({inlist})")
+        else:
+            self.register("fx_live", self.live.select(*LIVE_SCHEMA).cast(LIVE_SCHEMA))  # type: ignore[arg-type]
+            cols = [r[0] for r in con.execute("DESCRIBE requests").fetchall()]
+            picked = ", ".join(f"CASE WHEN l.task IS NULL THEN r.{c} ELSE l.{c} END AS {c}" if c in ("gen_tokens",
+                               "total_ms") else f'r."{c}"' for c in cols)
+            con.execute(f"CREATE OR REPLACE TEMP VIEW fx_requests_raw AS SELECT {picked} FROM requests r "
+                        "LEFT JOIN fx_live l ON l.run = r.run AND l.instance = r.instance AND l.slot = r.slot "
+                        f"AND l.task = r.task WHERE r.run IN ({inlist})")
+        con.execute("CREATE OR REPLACE TEMP VIEW fx_live_requests AS " + self._named("fx_requests_raw", "true"))
 
     def _degenerate(self) -> pl.DataFrame:
         """Matched requests whose attempt's output text is degenerate (repetition.py)."""

@@ -292,6 +292,9 @@ def _fix(node: Any) -> Any:
     if isinstance(node, exp.TimeToUnix):  # epoch(ts): seconds with their fraction (UNIX_TIMESTAMP drops it)
         micros = exp.Anonymous(this="UNIX_MICROS", expressions=[node.this])
         return exp.Div(this=exp.cast(micros, "double"), expression=exp.Literal.number(1000000))
+    if isinstance(node, exp.UnixToTime) and node.args.get("scale") is None:  # to_timestamp(seconds): its fraction
+        micros = exp.cast(exp.Round(this=exp.Mul(this=node.this, expression=exp.Literal.number(1000000))), "bigint")
+        return exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[micros])
     if isinstance(node, exp.PercentileCont) and not isinstance(node.parent, exp.WithinGroup):
         return exp.Anonymous(this="PERCENTILE", expressions=[node.this, node.expression])  # exact, interpolated
     if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_position":
@@ -313,7 +316,7 @@ def _fix(node: Any) -> Any:
     return node
 
 
-FIXES = """[NOT] MATERIALIZED hints are dropped; epoch(ts) keeps its fraction; quantile_cont is Spark's exact percentile; list_position is NULL when
+FIXES = """[NOT] MATERIALIZED hints are dropped; epoch(ts) and to_timestamp(seconds) keep their fraction; quantile_cont is Spark's exact percentile; list_position is NULL when
 absent; printf of a NULL is NULL (Spark writes "null"); from_json takes a Spark schema; decimal literals are doubles; a double cast to an integer rounds."""
 
 

@@ -8,8 +8,8 @@
 --                  caps at the model's training context)
 --   context_shift  a request shifted the context (the server was run with it), else the manifest's config says so
 --   host           the manifest's config.host, else the syslog/journald host of its lines (a fleet adds the store)
---   workload       the stages and the output cap the harness sent per stage (config.caps, else each stage's most
---                  common max_tokens), and the manifest's config.sweep when it names one
+--   workload       the stages and the output cap the harness sent per stage (each stage's most common max_tokens),
+--                  and the manifest's config.sweep when it names one
 -- `setup_key` is a digest of all of them (nulls included: an unknown build is its own value), `setup` a short label.
 -- `np`: the manifest's concurrency, else the slots of the instances that served it.
 -- Parameters: $runs VARCHAR[].  Relations: fx_instances, fx_live_requests, runs, attempts.
@@ -56,8 +56,7 @@ base AS (
                AS context_shift,
            coalesce(json_extract_string(m.config, '$.host'), w.host_wrapper) AS host,
            m.stages,
-           coalesce((SELECT string_agg(k || '=' || json_extract_string(m.config, '$.caps.' || k), ',' ORDER BY k)
-                     FROM unnest(json_keys(json_extract(m.config, '$.caps'))) AS t(k)), c.caps) AS caps,
+           c.caps,
            json_extract_string(m.config, '$.sweep') AS sweep
     FROM (SELECT unnest($runs) AS run) r
     LEFT JOIN served s USING (run)
@@ -67,9 +66,9 @@ base AS (
     LEFT JOIN man m USING (run)
 )
 SELECT *,
-       md5(concat_ws('|', coalesce(host, '?'), coalesce(CAST(build AS VARCHAR), '?'), coalesce("commit", '?'),
+       substr(md5(concat_ws('|', coalesce(host, '?'), coalesce(CAST(build AS VARCHAR), '?'), coalesce("commit", '?'),
                      coalesce(model, '?'), coalesce(CAST(n_ctx AS VARCHAR), '?'), CAST(context_shift AS VARCHAR),
-                     coalesce(stages, '?'), coalesce(caps, '?'), coalesce(sweep, '?')))[1:12] AS setup_key,
+                     coalesce(stages, '?'), coalesce(caps, '?'), coalesce(sweep, '?'))), 1, 12) AS setup_key,
        coalesce(nullif(concat_ws(' · ', 'b' || CAST(build AS VARCHAR), model, '-c ' || CAST(n_ctx AS VARCHAR),
                                  CASE WHEN context_shift THEN 'context shift' END, host,
                                  CASE WHEN caps IS NOT NULL THEN 'caps ' || caps END,
