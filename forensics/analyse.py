@@ -92,6 +92,8 @@ def run_frame(session: Analysis, runs: list[str], verdicts: list[RunVerdict]) ->
     """One row per run: its setup (``run_setup.sql``: what makes runs comparable), its server requests and slots
     (the verdict's stats), whether the verdict found it healthy, and its throughput row (``metrics.throughput``,
     whose columns keep their names: ``metrics.throughput`` reads them back)."""
+    if not runs:
+        return schema.conform_derived(pl.DataFrame(), "run_facts")
     setup = session.query("run_setup", DEFAULTS, runs).drop("np")
     stats = session.query("run_stats", DEFAULTS, runs).rename({"requests": "server_requests"})
     health = pl.DataFrame({"run": [v.run for v in verdicts], "healthy": [v.healthy for v in verdicts]},

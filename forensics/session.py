@@ -141,8 +141,7 @@ class Analysis:
         joins and column lists: the same statements run on Spark."""
         if self._view_runs == runs:
             return
-        self.bind(BASE_TABLES)
-        self.bind(["runs"])
+        self.bind([*BASE_TABLES, "runs", "attempts"])
         inlist = sql_strings(runs) if runs else "NULL"
         con = self.con
         con.execute("CREATE OR REPLACE TEMP TABLE fx_names AS " + load_query("instance_names").text.rstrip()

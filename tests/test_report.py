@@ -63,12 +63,12 @@ def test_the_verdict_comes_first_and_links_to_its_tables(demo_page: str) -> None
 
 
 def test_throughput_pools_only_the_comparable_healthy_runs(demo_page: str) -> None:
-    """One run named: its sweep (the runs with its model and stages), less the runs that measured a broken
+    """One run named: its setup (the runs with its build, model and workload), less the runs that measured a broken
     server: the runaways of run-np4 (their garbage tokens are not throughput), the dead slot of run-np6 itself,
     and run-np8 that a watchdog killed."""
     section = demo_page[demo_page.index('<h2 id="throughput">'):demo_page.index('<h2 id="whatif">')]
-    assert ("<p>Compared: the runs with the same model and stages: run-np1, run-np2, run-np3, run-np5, "
-            "run-np7.</p>") in section
+    assert "<p>Setup: qwen3-30b-a3b-q4_k_m.</p>" in section  # one setup: one table, one fit
+    assert "<p>Compared: the runs of its setup: run-np1, run-np2, run-np3, run-np5, run-np7.</p>" in section
     left_out = re.findall(r"<li>(run-np\d+):", section)
     assert left_out == ["run-np4", "run-np6", "run-np8"]
     nps = re.findall(r'<tr><td class="num">(\d+)</td>', section)
