@@ -50,7 +50,7 @@ base AS (
            CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.tpot_med ELSE w.tpot_med END AS tpot_med,
            CASE WHEN coalesce(g.n, 0) >= $min_group THEN g.gen_med ELSE w.gen_med END AS gen_med,
            (r.error IS NOT NULL OR coalesce(r.http_status >= 500, false) OR coalesce(r.stop_reason = 'error', false))
-           AND NOT coalesce(r.http_status BETWEEN 400 AND 499, false) AS failed,
+           AND NOT coalesce(r.http_status BETWEEN 400 AND 499, false) AS same_err,
            coalesce(r.err_shape, 'HTTP ' || r.http_status, r.stop_reason) AS fail_shape
     FROM req r
     LEFT JOIN grp g USING (run, bgroup)
@@ -61,8 +61,8 @@ flags AS (
            x.task IS NOT NULL AS f_runaway,
            coalesce(b.seconds > $long_factor * b.sec_q AND b.seconds >= $min_seconds, false) AS f_long,
            coalesce(b.tpot_ms > $slow_factor * b.tpot_med, false) AS f_slow,
-           coalesce(b.gen_tokens <= $few_tokens AND NOT b.failed AND b.gen_med >= $few_normal, false) AS f_few,
-           CASE WHEN b.failed THEN b.fail_shape END AS fail_of
+           coalesce(b.gen_tokens <= $few_tokens AND NOT b.same_err AND b.gen_med >= $few_normal, false) AS f_few,
+           CASE WHEN b.same_err THEN b.fail_shape END AS fail_of
     FROM base b
     LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaway) x
            ON x.run = b.run AND x.instance = b.instance AND x.slot = b.slot AND x.task = b.task
@@ -83,7 +83,7 @@ pairs AS (
 ),
 seqd AS (
     SELECT f.*,
-           coalesce(f.failed AND (f.fail_shape = lag(f.fail_of) OVER w_slot
+           coalesce(f.same_err AND (f.fail_shape = lag(f.fail_of) OVER w_slot
                                   OR f.fail_shape = lead(f.fail_of) OVER w_slot), false) AS f_error
     FROM flags f
     SEMI JOIN (SELECT DISTINCT run, instance, slot FROM pairs WHERE pair) s
