@@ -14,8 +14,7 @@
 -- `np`: the manifest's concurrency, else the slots of the instances that served it.
 -- Parameters: $runs VARCHAR[].  Relations: fx_instances, fx_live_requests, runs, attempts.
 WITH served AS (
-    SELECT run, any_value(build) FILTER (WHERE build IS NOT NULL) AS build,
-           any_value("commit") FILTER (WHERE "commit" IS NOT NULL) AS commit_,
+    SELECT run, max(build) AS build, max("commit") AS commit_,
            min(lower(regexp_replace(regexp_extract(model, '[^/\\]*$'), '\.gguf$', ''))) AS model_file,
            max(n_ctx) AS n_ctx, max(n_ctx_slot) AS n_ctx_slot, max(n_slots) AS n_slots
     FROM fx_instances WHERE coalesce(requests, 0) > 0
