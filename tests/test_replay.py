@@ -56,12 +56,12 @@ def test_items_one_row_per_expected_item_and_stage() -> None:
         ("TSLA", "extract"): (1, "ok", True), ("TSLA", "summarize"): (1, "failed", False),
         ("AMZN", "extract"): (0, "never_attempted", False), ("AMZN", "summarize"): (0, "never_attempted", False),
     }
-    # without a manifest each stage applies to the items sent to it: AMZN is not known to be missing, and
-    # NVDA (never sent to summarize) is not expected there
+    # without a manifest each stage applies to the items sent to it: AMZN is not known to be missing; NVDA,
+    # whose extract timed out and which went no further, is expected in summarize, the stage after
     no_manifest = replay.build_items(recs.runs.clear(), recs.attempts)
-    assert no_manifest.height == 7
+    assert no_manifest.height == 8
     assert "AMZN" not in no_manifest["item"].to_list()
-    assert ("NVDA", "summarize") not in set(no_manifest.select("item", "stage").rows())
+    assert ("NVDA", "summarize", "never_attempted") in set(no_manifest.select("item", "stage", "outcome").rows())
 
 
 def test_bad_records_name_file_line_and_field_and_good_ones_load() -> None:
