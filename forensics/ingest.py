@@ -499,6 +499,15 @@ class Ingestor:
             kind = "mapped"  # a file named with --mapping that no glob names is tried by content (a renamed file)
             if named:
                 self.named.add(str(path))
+        if kind is None and mp is None and not self.forced:
+            from forensics.replay.autoread import shipped_reader
+
+            tool = shipped_reader(path)  # a tool's report a shipped mapping tells by its content (GuideLLM's)
+            if tool is not None:
+                self.result.warnings.append(f"records: {path} read with the shipped mapping {tool} (told by its "
+                                            "content)")
+                self._queue_records(path, "mapped", run, tool)
+                return True
         if kind is not None:
             self._queue_records(path, kind, run)
         return kind is not None

@@ -123,6 +123,7 @@ def test_a_harness_never_seen_is_read_by_a_15_line_mapping_in_one_command(tmp_pa
         'AMZN,extract,never_attempted,no attempt was made,""',
         'MSFT,extract,parse_error,output did not parse (attempts: 1),"server slot 0 task 2: 202 prompt + 64 generated '
         'tokens, not truncated, stop eos [server.log:12-22]"',
+        'MSFT,summarize,never_attempted,earlier stage extract not done,""',  # it failed extract and went no further
         "NVDA,summarize,http_error,HTTP 503 (attempts: 1),rejected before a slot: no slot request in the log",
         "TSLA,summarize,timeout,client gave up after 30.0 s (attempts: 1),never reached a slot"]
 

@@ -140,10 +140,13 @@ def test_a_run_folder_as_it_lies_ingests_with_any_mapping(tmp_path: Path, mappin
     assert code == 0, err
     assert "server:metrics" in out + err and "server:slots" in out + err
     assert "Traceback" not in err
-    if mapping in ("", "vllm-bench", "llmperf"):
+    if mapping in ("vllm-bench", "llmperf"):
         assert (f"client_requests.jsonl: looks like a harness's per-request records (run_id, server, ticker, stage, "
                 f"attempt): `forensics mapping init {folder / 'client_requests.jsonl'}` proposes a mapping") in err
-    if mapping == "proposal":
+    if mapping == "":  # no mapping: the proposal is sure of this file, and ingest reads it with it
+        assert (f"records: {folder / 'client_requests.jsonl'} read with a proposed mapping (`forensics mapping init "
+                f"{folder / 'client_requests.jsonl'}` shows it)") in err
+    if mapping in ("", "proposal"):
         assert "join: 18 attempts matched" in err
 
 

@@ -1,5 +1,6 @@
 """Missing per stage: a stage applies to the items the manifest lists for it, else to the items sent to it at
-least once, unless the manifest says every item goes through every stage (the example in docs/replay.md)."""
+least once, unless the manifest says every item goes through every stage; an item whose last stage reached did
+not end ok is expected in the later stages (the example in docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_a_stage_applies_to_the_items_sent_to_it(tmp_path: Path) -> None:
         ("AMZN", "probe", "never_attempted", "no attempt was made"),  # sent nowhere: missing in the first stage
         ("MSFT", "summarize", "http_error", "no response (attempts: 1)"),
         ("NVDA", "extract", "timeout", "client gave up (attempts: 1)"),  # the records have no times
+        # its extract failed and it went no further: summarize, the next stage, is missing too
+        ("NVDA", "summarize", "never_attempted", "earlier stage extract not done"),
     ]
 
 
@@ -42,7 +45,8 @@ def test_the_manifest_lists_the_items_of_a_stage(tmp_path: Path) -> None:
     got = missing(tmp_path, stage_items={"probe": ["AAPL", "MSFT"]})
     assert [g[:3] for g in got] == [
         ("AMZN", "extract", "never_attempted"),  # sent nowhere, and not listed for the probe: the next stage
-        ("MSFT", "probe", "never_attempted"), ("MSFT", "summarize", "http_error"), ("NVDA", "extract", "timeout")]
+        ("MSFT", "probe", "never_attempted"), ("MSFT", "summarize", "http_error"), ("NVDA", "extract", "timeout"),
+        ("NVDA", "summarize", "never_attempted")]
 
 
 def test_every_item_every_stage(tmp_path: Path) -> None:
@@ -57,7 +61,7 @@ def test_every_item_every_stage(tmp_path: Path) -> None:
     assert ("NVDA", "summarize", "never_attempted", "earlier stage probe not done") in got
 
 
-@pytest.mark.parametrize(("manifest", "expected"), [({}, 9), ({"every_item_every_stage": True}, 15)])
+@pytest.mark.parametrize(("manifest", "expected"), [({}, 10), ({"every_item_every_stage": True}, 15)])
 def test_items_expected_follow_the_rule(tmp_path: Path, manifest: dict, expected: int) -> None:
     missing(tmp_path, **manifest)
     items = Store(tmp_path / "store").table("items")

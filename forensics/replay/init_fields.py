@@ -132,8 +132,32 @@ def place(sample: Sample, picks: dict[str, str]) -> Plan:
             plan.choices.append(Choice(canonical, [(p, field_line(canonical, p, sample, plan.placed)[0] or "")
                                                    for p in hits[:2]], why))
             continue
+        if canonical not in picks and _coalesced(plan, canonical, hits, sample):
+            continue
         _put(plan, canonical, hits[0], sample)
     return plan
+
+
+COALESCED = ("max_tokens", "tokens_evaluated", "tokens_predicted", "id_slot", "output_chars")
+
+
+def _coalesced(plan: Plan, canonical: str, hits: list[str], sample: Sample) -> bool:
+    """A count two fields of the records carry, each set where the other is not (a harness's ``max_tokens`` on
+    its chat requests and ``n_predict`` on its ``/completion`` ones): the first of them that is set."""
+    if canonical not in COALESCED or len(hits) < 2:
+        return False
+    first = sample.columns[hits[0]]
+    fill = [h for h in hits[1:] if any(a is None and b is not None for a, b in zip(first, sample.columns[h],
+                                                                                   strict=False))]
+    if not fill:
+        return False
+    used = [hits[0], *fill]
+    gaps = sum(a is None and any(sample.columns[h][i] is not None for h in fill) for i, a in enumerate(first))
+    plan.lines.append(f'{canonical} = {{ sql = "coalesce({", ".join(q(p) for p in used)})" }}')
+    plan.placed[canonical] = " + ".join(used)
+    plan.guesses.append(f"{canonical} <- {', '.join(used)}: the first of them that is set ({hits[0]} is null on "
+                        f"{gaps} of {len(first)} records where {' or '.join(fill)} is not)")
+    return True
 
 
 def _candidates(canonical: str, names: tuple[str, ...], sample: Sample, plan: Plan) -> list[str]:

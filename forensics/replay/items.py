@@ -6,6 +6,9 @@ Which items a stage applies to:
   every stage);
 - else the items that were sent to it at least once (a probe stage sent for one ticker does not make every
   other ticker missing in it);
+- an item whose last stage reached did not end ok is expected in every later stage (in the manifest's order
+  of stages, else the order the run reached them) whose items the manifest does not list: a pipeline sends an
+  item on only when its stage succeeded (a harness skips the later stages of an item that failed one);
 - an item of the manifest's universe that was sent to no stage at all is expected in the run's first stage
   whose items the manifest does not list (so a run that died before reaching it still shows it missing).
 
@@ -32,7 +35,7 @@ def build_items(runs: pl.DataFrame, attempts: pl.DataFrame) -> pl.DataFrame:
         (pl.col("outcome") == "ok").any().alias("_any_ok"),
         pl.col("outcome").sort_by("attempt").last().alias("_last"),
     ) if attempts.height else None
-    pairs = [_listed(runs), attempts.select(KEYS)]
+    pairs = [_listed(runs), attempts.select(KEYS), _after_failure(runs, attempts)]
     universe = pl.concat(pairs).unique()
     universe = pl.concat([universe, _unsent(runs, attempts, universe)]).unique()
     if not universe.height:
@@ -68,6 +71,40 @@ def _listed(runs: pl.DataFrame) -> pl.DataFrame:
         for stage, items in (_json(stage_items) or {}).items():
             rows.extend({"run": run, "item": str(i), "stage": str(stage)} for i in items or [])
     return _frame(rows)
+
+
+def _after_failure(runs: pl.DataFrame, attempts: pl.DataFrame) -> pl.DataFrame:
+    """The later stages of an item whose last stage reached did not end ok: a pipeline sends an item on only
+    when its stage succeeded, so they are expected of it and missing (not for a stage whose items the manifest
+    lists)."""
+    order = _stage_order(runs, attempts)
+    if not order.height:
+        return _frame([])
+    reached = attempts.group_by(KEYS).agg((pl.col("outcome") == "ok").any().alias("_ok")).join(
+        order, on=["run", "stage"])
+    last = reached.sort("_pos").group_by(["run", "item"]).agg(pl.col("_pos").last(), pl.col("_ok").last())
+    stopped = last.filter(~pl.col("_ok")).rename({"_pos": "_last"}).drop("_ok")
+    later = stopped.join(order.filter(~pl.col("_listed")), on="run").filter(pl.col("_pos") > pl.col("_last"))
+    return later.select(KEYS)
+
+
+def _stage_order(runs: pl.DataFrame, attempts: pl.DataFrame) -> pl.DataFrame:
+    """(run, stage, position, whether the manifest lists its items) of each run that has attempts: the
+    manifest's order of stages, then the stages its attempts reached that it does not name, in the order they
+    were reached (one loop per run: runs are few)."""
+    if not attempts.height:
+        return pl.DataFrame(schema={"run": pl.String, "stage": pl.String, "_pos": pl.Int64, "_listed": pl.Boolean})
+    said = {r["run"]: r for r in runs.select("run", "stages", "stage_items").iter_rows(named=True)} \
+        if runs.height else {}
+    reached = attempts.sort("started_at", "attempt", nulls_last=True, maintain_order=True) \
+        .group_by("run", maintain_order=True).agg(pl.col("stage").unique(maintain_order=True))
+    rows: list[dict[str, Any]] = []
+    for run, stages in reached.iter_rows():
+        manifest = said.get(run) or {}
+        listed = set(_json(manifest.get("stage_items")) or {})
+        order = list(dict.fromkeys([str(s) for s in _json(manifest.get("stages")) or []] + list(stages)))
+        rows.extend({"run": run, "stage": s, "_pos": i, "_listed": s in listed} for i, s in enumerate(order))
+    return pl.DataFrame(rows, schema={"run": pl.String, "stage": pl.String, "_pos": pl.Int64, "_listed": pl.Boolean})
 
 
 def _unsent(runs: pl.DataFrame, attempts: pl.DataFrame, universe: pl.DataFrame) -> pl.DataFrame:

@@ -36,6 +36,7 @@ class Proposal:
 
     text: str
     attempts: int = 0
+    records: int = 0  # the requests the sample holds (records, or an event stream's keys)
     problems: list[str] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)  # canonical field -> the sample's field
     guesses: list[str] = field(default_factory=list)  # "field <- path: why"
@@ -80,6 +81,7 @@ def propose(sample: Path, picks: dict[str, str] | None = None) -> Proposal:
     plan = init_events.plan(stream, picks) if stream else _records_plan(sample_fields, picks)
     section = (path, "events" if stream else layout, stream.key if stream else None)
     proposal = Proposal("", placed=plan.placed, guesses=plan.guesses, choices=plan.choices, layout=section[1])
+    proposal.records = len({r.get(stream.key) for r in records} - {None}) if stream else len(records)
     reads = plan.reads()
     proposal.unplaced = [p for p in columns if p not in reads and not any(p.startswith(f"{v}.") for v in reads)]
     proposal.text = _toml(sample, fmt, section, plan, {p: sample_fields.first[p] for p in proposal.unplaced})

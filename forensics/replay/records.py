@@ -19,13 +19,13 @@ import polars as pl
 
 from forensics import schema
 from forensics.errors import RecordError
+from forensics.replay.enums import Words
 
 if TYPE_CHECKING:
     import jsonschema
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 MANIFEST_KEYS = ("items", "stages", "servers", "concurrency", "stage_items", "summary")
-OUTCOMES = ("ok", "failed", "parse_error", "timeout", "cancelled")
 MAX_WHOLE_FILE = 64 * 1024 * 1024  # a JSON document larger than this is not read whole for detection
 
 
@@ -338,6 +338,7 @@ class _Builder:
         self.seen: dict[tuple[str, str, str, int], str] = {}
         self.next_attempt: dict[tuple[str, str, str], int] = {}
         self.seen_runs: dict[str, str] = {}
+        self.words = Words()  # words a harness invented for an enumerated field, read as listed ones
 
     def issue(self, r: RawRecord, fld: str | None, msg: str) -> None:
         self.errors.append(RecordIssue(r.path, r.line, fld, msg, r.record))
@@ -360,6 +361,7 @@ class _Builder:
         if isinstance(obj, dict) and self.run is not None and obj.get("run_id") in (None, ""):
             obj = {**obj, "run_id": self.run}
         kind = "manifest" if r.kind == "manifest" else "attempt"
+        obj = self.words.manifest(obj, r.path) if kind == "manifest" else self.words.attempt(obj, r.path)
         problems = schema_issues(kind, obj)
         if problems:
             fld, msg = problems[0]
@@ -412,7 +414,7 @@ class _Builder:
         self.att_rows.append(row)
 
     def records(self) -> Records:
-        out = Records(errors=self.errors, notes=self.notes)
+        out = Records(errors=self.errors, notes=self.words.notes() + self.notes)
         if self.runs_rows:
             out.runs = schema.conform(pl.DataFrame(self.runs_rows, schema_overrides={
                 "started_at": schema.TS, "ended_at": schema.TS}, infer_schema_length=None), "runs")

@@ -255,10 +255,20 @@ def take(ing: Any, path: Path, root: Path | None, found: Any) -> bool:
                                            parsed=dump.rows.height, message=dump.message))
         ing._record_file(_state(found, f"server:{dump.kind}", dump.rows.height))
         return True
+    doubt = ""
+    if ing.loaded_mapping is None:  # no --mapping: a harness's records that mapping init reads with certainty
+        from forensics.replay.autoread import proposed_reader
+
+        mapping, doubt = proposed_reader(path, ing.store.root)
+        if mapping is not None:
+            ing.result.warnings.append(f"records: {path} read with a proposed mapping (`forensics mapping init "
+                                       f"{path}` shows it)")
+            ing._queue_records(path, "mapped", str(found.run), mapping)
+            return True
     if root is None:  # named on the command line: the user asked for it, so it is an error
         return False
     kind = "data" if is_data_file(path, _head(path)) else "text without llama-server lines"
-    hint = records_hint(path)
+    hint = records_hint(path, doubt)
     ing.result.files.append(FileReport(str(path), "other", "skipped", message=f"{OTHER} ({kind})" + (
         f"; {hint}" if hint else "")))
     if hint:
@@ -266,16 +276,18 @@ def take(ing: Any, path: Path, root: Path | None, found: Any) -> bool:
     return True
 
 
-def records_hint(path: Path) -> str:
+def records_hint(path: Path, doubt: str = "") -> str:
     """For a file that looks like a harness's per-request records (JSON lines, CSV or a JSON list whose records
-    have fields of the attempt schema), the sentence that says how to read it; "" otherwise."""
+    have fields of the attempt schema), the sentence that says how to read it (and, when ingest tried the
+    proposal, why it did not read the file with it); "" otherwise."""
     from forensics.replay.recordlike import looks_like_records
 
     fields = looks_like_records(path)
     if not fields:
         return ""
+    why = f" (not read with it: {doubt})" if doubt else ""
     return (f"looks like a harness's per-request records ({', '.join(fields[:5])}): "
-            f"`forensics mapping init {path}` proposes a mapping for it (then ingest with --mapping)")
+            f"`forensics mapping init {path}` proposes a mapping for it{why} (then ingest with --mapping)")
 
 
 OTHER = "not a log, replay records or a server dump: passed over"
