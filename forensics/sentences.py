@@ -348,7 +348,7 @@ def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     parts = []
     groups = mine.with_columns(pl.col("http_status").cast(pl.String).alias("_status"))
     for (status, reason, before), g in groups.group_by(["_status", "reason", "before_slot"], maintain_order=True):
-        how = f"with HTTP {status}" if status else f"({_REASONS.get(str(reason), str(reason))})"
+        how = f"with HTTP {status}" if status else _REASONS.get(str(reason), f"({reason})")
         where = " before reaching a slot" if before and status else ""
         parts.append(f"{g.height} {how}{where}{_messages(g)}")
     head = f"{plural(mine.height, 'request')} failed"
@@ -369,8 +369,9 @@ def _messages(rows: pl.DataFrame, limit: int = 2) -> str:
     return " (" + "; ".join(said[:limit]) + more + ")"
 
 
-_REASONS = {"timeout": "the client timed out", "parse_error": "output that did not parse", "client": "cancelled",
-            "failed": "failed", "error": "a server error", "cancelled": "cancelled"}
+_REASONS = {"timeout": "because the client timed out", "parse_error": "with output that did not parse",
+            "client": "because the client gave up", "failed": "on the client's side", "error": "with a server error",
+            "cancelled": "because they were cancelled", "shutdown": "because the server shut down"}
 
 
 def cap(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:

@@ -294,8 +294,8 @@ def _fix(node: Any) -> Any:
         return exp.Div(this=exp.cast(micros, "double"), expression=exp.Literal.number(1000000))
     if isinstance(node, exp.UnixToTime) and node.args.get("scale") is None:  # to_timestamp(seconds): its fraction
         seconds = exp.Paren(this=node.this.transform(_fix))  # its own epoch() fixed too: a replaced node's
-        micros = exp.cast(exp.Round(this=exp.Mul(this=seconds, expression=exp.Literal.number(1000000))), "bigint")
-        return exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[micros])
+        whole = exp.cast(exp.Round(this=exp.Mul(this=seconds, expression=exp.Literal.number(1000000))), "bigint")
+        return exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[whole])
     if isinstance(node, exp.PercentileCont) and not isinstance(node.parent, exp.WithinGroup):
         return exp.Anonymous(this="PERCENTILE", expressions=[node.this, node.expression])  # exact, interpolated
     if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_position":
