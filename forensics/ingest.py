@@ -37,7 +37,7 @@ from forensics.errors import (
     UnknownFormatError,
     bug_boundary,
 )
-from forensics.paths import file_stem
+from forensics.paths import file_id_of, file_stem, resolved
 from forensics.store import Store, fetch_pl, run_of_part
 from parsers import assemble, reader
 from parsers.engine import Carry, ChunkResult, Engine
@@ -180,27 +180,6 @@ class FileState:
 
 _FILE_ROW = {f.name for f in dataclasses.fields(FileState)} - {"parse", "mapping"}
 _PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
-
-
-def file_id_of(path: Path) -> str:
-    return _file_id(os.getcwd(), str(path))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _file_id(cwd: str, path: str) -> str:
-    """A file's id: a digest of its resolved path (asked several times a file, so kept)."""
-    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
-
-
-def resolved(path: Path) -> Path:
-    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
-    and each time costs a system call per folder of the path."""
-    return _resolved(os.getcwd(), str(path))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _resolved(cwd: str, path: str) -> Path:
-    return (Path(cwd) / path).resolve()
 
 
 def run_of(path: Path, run: str | None, root: Path | None) -> str:
