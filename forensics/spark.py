@@ -211,13 +211,15 @@ def table_frame(spark: Any, store: Store, table: str, existing_only: bool = Fals
     the DuckDB view's columns."""
     from pyspark.sql import functions as F
 
-    from forensics.fleet import HOST_SEP, members_of
+    from forensics.fleet import HOST_SEP, RUN_NAME_COLUMNS, members_of
 
     frames = []
     for host, member in members_of(store):
         frame = _member_frame(spark, member, table, existing_only)
         if frame is not None and host is not None:
-            frame = frame.withColumn("run", F.concat(F.lit(host + HOST_SEP), F.col("run").cast("string")))
+            for col in ("run", *RUN_NAME_COLUMNS.get(table, ())):
+                if col in frame.columns:
+                    frame = frame.withColumn(col, F.concat(F.lit(host + HOST_SEP), F.col(col).cast("string")))
         if frame is not None:
             frames.append(frame)
     if not frames:
