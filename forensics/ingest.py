@@ -1218,17 +1218,19 @@ def _pending(before: Any, touched: set[str]) -> Any:
 
 def _finish_join(store: Store, ing: Ingestor) -> None:
     """The join runs as a second commit; a crash between the two leaves join_pending set, so the next
-    ingest (even of unchanged files) completes it."""
+    ingest (even of unchanged files) completes it.  A store joined by older rules is joined again whole."""
+    from forensics.replay.scope import JOIN_VERSION
+
     pending = store.meta("join_pending")
-    if not pending:
+    older = store.meta("join_version") != JOIN_VERSION  # joined by other rules (or never): joined again whole
+    if not pending and not older:
         return
     if store.parts("attempts"):  # no parts: no rows, and no DuckDB to load
-        ing.result.warnings.extend(_join_runs(store, None if pending is True or not store.meta("join_stored")
-                                              else set(pending)))
+        whole = pending is True or older or not store.meta("join_stored")
+        ing.result.warnings.extend(_join_runs(store, None if whole else set(pending)))
     else:
         txn = store.transaction()
-        txn.meta_updates["join_pending"] = None
-        txn.meta_updates["join_stored"] = True
+        txn.meta_updates.update(join_pending=None, join_stored=True, join_version=JOIN_VERSION)
         txn.commit()
 
 
@@ -1258,8 +1260,7 @@ def _join_runs(store: Store, touched: set[str] | None) -> list[str]:
 
     runs = scope.store_runs(store) if touched is None else scope.component(store, touched)
     txn = store.transaction()
-    txn.meta_updates["join_pending"] = None
-    txn.meta_updates["join_stored"] = True
+    txn.meta_updates.update(join_pending=None, join_stored=True, join_version=scope.JOIN_VERSION)
     old_matches = [p for p in store.parts("matches") if run_of_part(p) in runs]
     if not old_matches and not any(run_of_part(p) in runs for p in store.parts("attempts")):
         txn.commit()  # no records among these runs, now or before: their requests are as read

@@ -218,3 +218,22 @@ def test_missing_says_unknown_rather_than_zero(tmp_path: Path) -> None:
     adbe = missing.filter((pl.col("item") == "ADBE") & (pl.col("stage") == "analyze"))["evidence"].item()
     assert "(unknown tokens, stop unknown)" in adbe and "0 tokens" not in adbe
     assert not any("?" in e or "None" in e for e in missing["evidence"])
+
+
+def test_a_store_joined_by_older_rules_is_joined_again_at_its_next_ingest(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, "b4747-runaway-timeouts")
+    _ingest(tmp_path / "store", folder)
+    want = _of_run(tmp_path / "store", "b4747-runaway-timeouts")
+    s = Store(tmp_path / "store")
+    txn = s.transaction()  # as a store of the previous version leaves it: no join_version, no clock
+    txn.meta_updates["join_version"] = None
+    txn.commit()
+    before = _parts(tmp_path / "store", "b4747-runaway-timeouts")
+    _ingest(tmp_path / "store", folder)  # nothing changed, but the join's rules did
+    assert Store(tmp_path / "store").meta("join_version") is not None
+    assert _parts(tmp_path / "store", "b4747-runaway-timeouts")["matches"] != before["matches"]
+    got = _of_run(tmp_path / "store", "b4747-runaway-timeouts")
+    assert got[0].equals(want[0]) and got[1].equals(want[1])
+    after = _parts(tmp_path / "store", "b4747-runaway-timeouts")
+    _ingest(tmp_path / "store", folder)  # and then not again
+    assert _parts(tmp_path / "store", "b4747-runaway-timeouts") == after

@@ -39,6 +39,9 @@ from forensics.store import run_of_part
 
 InstKey = tuple[str, str]  # (store run partition, instance id)
 JOIN_TABLES = ("requests", "instances", "runs", "attempts")  # what the join reads; a change to any re-joins
+# the rules a stored join was worked out by (meta join_version): a store joined by other rules is joined again
+# whole at its next ingest.  2: runs scoped to their own logs, requests.clock, matches.server
+JOIN_VERSION = 2
 
 
 def resolved(p: str | None) -> str | None:
