@@ -237,3 +237,35 @@ def test_a_store_joined_by_older_rules_is_joined_again_at_its_next_ingest(tmp_pa
     after = _parts(tmp_path / "store", "b4747-runaway-timeouts")
     _ingest(tmp_path / "store", folder)  # and then not again
     assert _parts(tmp_path / "store", "b4747-runaway-timeouts") == after
+
+
+CASES = ROOT / "fixtures" / "join"
+
+
+def _case(name: str, tag: str = "") -> list[pl.DataFrame]:
+    """A recorded join case's inputs; with ``tag``, its runs and log paths renamed apart (another run folder)."""
+    frames = [pl.read_parquet(CASES / name / f"{t}.parquet") for t in ("requests", "instances", "runs", "attempts")]
+    if not tag:
+        return frames
+    out = []
+    for df in frames:
+        df = df.with_columns(*[(pl.lit(tag) + pl.col(c)).alias(c) for c in ("run", "replay_run", "path") if c in df.columns])
+        if "servers" in df.columns:
+            df = df.with_columns(pl.col("servers").str.replace_all('"log_path": "', f'"log_path": "{tag}'))
+        out.append(df)
+    return out
+
+
+@pytest.mark.parametrize(("mine", "other"), [("demo-order", "deadslot-order"), ("order-only", "demo-order"),
+                                             ("deadslot-order", "mixed-1003"), ("two-instances-elapsed", "demo"),
+                                             ("shared-log", "order-only"), ("mixed-7", "mixed-11")])
+def test_a_runs_join_does_not_depend_on_other_runs_given_with_it(mine: str, other: str) -> None:
+    from forensics import replay
+
+    alone = replay.join(*_case(mine))
+    both = replay.join(*[pl.concat([a, b], how="diagonal_relaxed") for a, b in
+                         zip(_case(mine), _case(other, "x-"), strict=True)])
+    runs = set(alone.matches["run"])
+    assert both.matches.filter(pl.col("run").is_in(runs)).equals(alone.matches)
+    assert both.requests.filter(~pl.col("path").str.starts_with("x-")).equals(alone.requests)
+    assert set(alone.notes) <= set(both.notes)
