@@ -7,8 +7,9 @@ attempts records and the manifest), from a few generated runs (healthy, a dead s
 to ``--requests / --runs`` requests each: the logs are hard links to the templates (runs differ by folder, as
 a daily run repeated for months would), the records are rewritten with the folder's run id.  Then measures, each
 as its own subprocess: ``forensics ingest`` of the whole folder (wall and CPU seconds, MB/s, peak RSS; it
-compacts the store's part files into packs when it is done), re-ingest of the unchanged folder, and every
-command on the store (each ≤ 1.5 s is the target).  Prints a markdown table, also written to
+compacts the store's part files into packs when it is done), re-ingest of the unchanged folder, ingest of one
+more run folder into the store and into an empty one (the join of one run must not cost a pass over the
+store), and every command on the store (each ≤ 1.5 s is the target).  Prints a markdown table, also written to
 OUT/results-runs.md.
 """
 
@@ -164,7 +165,12 @@ def commands(store: Path, first_run: str) -> list[list[str]]:
 def bench_runs(out: Path, n_runs: int, requests: int, seed: int) -> list[Measure]:
     label = f"{n_runs:,} runs"
     t0 = time.perf_counter()
-    runs_dir, mb = build_runs(out, n_runs, requests, seed)
+    runs_dir, mb = build_runs(out, n_runs + 1, requests * (n_runs + 1) // n_runs, seed)
+    extra = out / "extra"  # one more run folder, ingested into the finished store at the end
+    shutil.rmtree(extra, ignore_errors=True)
+    extra.mkdir()
+    shutil.move(str(runs_dir / f"run-{n_runs:05d}"), str(extra / f"run-{n_runs:05d}"))
+    mb = mb * n_runs / (n_runs + 1)
     res = [Measure(label, "build run folders (generator)", time.perf_counter() - t0, None, mb)]
     store = out / "store-runs"
     shutil.rmtree(store, ignore_errors=True)
@@ -178,7 +184,25 @@ def bench_runs(out: Path, n_runs: int, requests: int, seed: int) -> list[Measure
                        cpu_s=r.cpu, grep_s=grep.wall))
     r = run_measured(ingest)
     res.append(Measure(label, "re-ingest (unchanged)", r.wall, r.rss, None, f"exit {r.rc}", cpu_s=r.cpu))
+    res += one_more(label, store, extra / f"run-{n_runs:05d}")
     res += query_times(label, store, first_run="run-00001")
+    return res
+
+
+def one_more(label: str, store: Path, folder: Path) -> list[Measure]:
+    """Ingest of one more run folder into (a copy of) the store, beside its ingest into an empty store: the
+    join of one run costs what it costs alone, whatever else the store holds (target: about the same)."""
+    fx = forensics_cmd()
+    res = []
+    for what, dest in (("into the store", store.with_name(store.name + "-plus1")),
+                       ("into an empty store", store.with_name(store.name + "-alone"))):
+        shutil.rmtree(dest, ignore_errors=True)
+        if what == "into the store":
+            shutil.copytree(store, dest)
+        r = run_measured([*fx, "ingest", str(folder), "--store", str(dest)])
+        res.append(Measure(label, f"ingest one more run folder {what}", r.wall, r.rss, None, f"exit {r.rc}",
+                           cpu_s=r.cpu))
+        shutil.rmtree(dest, ignore_errors=True)
     return res
 
 
@@ -211,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         n = clone_store(args.out / "store-runs", args.out / "store-clone", args.clone)
         rows += query_times(f"{n:,} runs (cloned)", args.out / "store-clone", first_run="run-00001-c1")
     if not args.keep:
-        for d in ("templates", "runs", "store-runs", "store-clone"):
+        for d in ("templates", "runs", "extra", "store-runs", "store-clone"):
             shutil.rmtree(args.out / d, ignore_errors=True)
     text = f"Machine: {machine()}\n\n{table(rows)}\n"
     (args.out / "results-runs.md").write_text(text)

@@ -2,8 +2,9 @@
 
 Each host keeps ingesting (or watching) into its own store; a fleet reads them together, on DuckDB or Spark,
 with the same views and so the same named SQL.  A run of one host never mixes with a run of the same name on
-another: in a fleet, every table's ``run`` reads ``<host>:<run>`` (instances are named within their run, so
-they stay apart too).  A fleet only reads: ingest, compact, check and watch work on one store.
+another: in a fleet, every table's ``run`` reads ``<host>:<run>``, and so does every other column that holds a
+run's name (``RUN_NAME_COLUMNS``: ``requests.replay_run``); instances are named within their run, so they stay
+apart too.  A fleet only reads: ingest, compact, check and watch work on one store.
 
     fleet = open_fleet(["gpu-a=stores/a", "gpu-b=stores/b", "stores/c"])
     verdict.compute(fleet)                  # runs gpu-a:run-42, gpu-b:run-42, c:run-7, ...
@@ -25,6 +26,8 @@ from forensics.paths import DEFAULT_STORE
 from forensics.store import MANIFEST, Store, escape_partition, run_of_part, sql_string
 
 HOST_SEP = ":"  # <host>:<run>
+# columns besides ``run`` that hold a run's name, by table: qualified the same way, so that they still meet ``run``
+RUN_NAME_COLUMNS: dict[str, tuple[str, ...]] = {"requests": ("replay_run",)}
 READ_ONLY = "pass one --store: ingest, compact, check and watch write to one host's store"
 
 
@@ -133,11 +136,17 @@ class Fleet(Store):
     def view_source(self, table: str, existing_only: bool = False) -> str | None:
         """Every member's rows of ``table``, ``run`` qualified by the member's host."""
         selects = []
+        others = RUN_NAME_COLUMNS.get(table, ())
         for host, store in self.members:
             source = store.view_source(table, existing_only)
-            if source is not None:
-                selects.append(f"SELECT * REPLACE ({sql_string(host + HOST_SEP)} || CAST(run AS VARCHAR) AS run) "
-                               f"FROM {source}")
+            if source is None:
+                continue
+            prefix = sql_string(host + HOST_SEP)
+            named = "".join(f", {prefix} || CAST({c} AS VARCHAR) AS {c}" for c in others)
+            if others:  # a member whose parts predate such a column reads it as NULL
+                nulls = ", ".join(f"CAST(NULL AS VARCHAR) AS {c}" for c in others)
+                source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT {nulls} WHERE false)"
+            selects.append(f"SELECT * REPLACE ({prefix} || CAST(run AS VARCHAR) AS run{named}) FROM {source}")
         return "(" + " UNION ALL BY NAME ".join(selects) + ")" if selects else None
 
 

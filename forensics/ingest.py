@@ -37,7 +37,7 @@ from forensics.errors import (
     UnknownFormatError,
     bug_boundary,
 )
-from forensics.paths import file_stem
+from forensics.paths import file_id_of, file_stem, resolved
 from forensics.store import Store, fetch_pl, run_of_part
 from parsers import assemble, reader
 from parsers.engine import Carry, ChunkResult, Engine
@@ -180,27 +180,6 @@ class FileState:
 
 _FILE_ROW = {f.name for f in dataclasses.fields(FileState)} - {"parse", "mapping"}
 _PARSE_KEYS = {f.name for f in dataclasses.fields(ParseState)}
-
-
-def file_id_of(path: Path) -> str:
-    return _file_id(os.getcwd(), str(path))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _file_id(cwd: str, path: str) -> str:
-    """A file's id: a digest of its resolved path (asked several times a file, so kept)."""
-    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
-
-
-def resolved(path: Path) -> Path:
-    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
-    and each time costs a system call per folder of the path."""
-    return _resolved(os.getcwd(), str(path))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _resolved(cwd: str, path: str) -> Path:
-    return (Path(cwd) / path).resolve()
 
 
 def run_of(path: Path, run: str | None, root: Path | None) -> str:
@@ -639,9 +618,12 @@ class Ingestor:
         full = self._instances_full.select("ikey", "instance_no", pl.col("n_ctx_slot").alias("inst_n_ctx_slot"))
         reqs = reqs.join(full, on=["ikey", "instance_no"], how="left").with_columns(
             pl.coalesce("n_ctx_slot", "inst_n_ctx_slot").alias("n_ctx_slot"), pl.lit(str(path)).alias("path"))
+        reqs = reqs.with_columns(pl.when(pl.col("t_start").is_not_null()).then(pl.lit("log")).alias("clock"))
         if self.started_at is not None:
             anchor = pl.lit(self.started_at).cast(pl.Datetime("us", "UTC"))
             reqs = reqs.with_columns(
+                pl.when(pl.col("clock").is_null() & pl.col("elapsed_start_s").is_not_null()).then(pl.lit("anchored"))
+                .otherwise("clock").alias("clock"),
                 pl.coalesce("t_start", anchor + pl.duration(microseconds=(pl.col("elapsed_start_s") * 1e6).cast(pl.Int64)))
                 .alias("t_start"),
                 pl.coalesce("t_end", anchor + pl.duration(microseconds=(pl.col("elapsed_end_s") * 1e6).cast(pl.Int64)))
@@ -1068,8 +1050,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         if passed:
             ing.result.warnings.append(passed)
         changed = any(f.status in {"ingested", "appended", "replaced"} for f in ing.result.files)
-        if changed:
-            ing.txn.meta_updates["join_pending"] = True
+        touched = _join_touched(ing.txn)
+        if touched:  # the runs whose join inputs changed: the join after this commit redoes theirs
+            ing.txn.meta_updates["join_pending"] = _pending(store.meta("join_pending"), touched)
         if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
                 ing.files_meta != (store.meta("files", {}) or {}):
             ing.txn.meta_updates["files"] = ing.files_meta
@@ -1226,17 +1209,37 @@ def _stored_path(meta: dict[str, Any]) -> Path | None:
     return p if st.st_size == meta.get("size_bytes") and st.st_mtime == meta.get("mtime") else None
 
 
+def _join_touched(txn: Any) -> set[str]:
+    """The runs (store partitions) whose join inputs a transaction changes."""
+    from forensics.replay.scope import JOIN_TABLES
+
+    return {r for t in JOIN_TABLES for rel in [*txn.adds.get(t, []), *txn.removes.get(t, set())]
+            if (r := run_of_part(rel)) is not None}
+
+
+def _pending(before: Any, touched: set[str]) -> Any:
+    """``join_pending``: the runs whose join is still to be done (True: every run, as stores before the join was
+    scoped recorded it)."""
+    if before is True:
+        return True
+    return sorted(set(before or []) | touched)
+
+
 def _finish_join(store: Store, ing: Ingestor) -> None:
     """The join runs as a second commit; a crash between the two leaves join_pending set, so the next
-    ingest (even of unchanged files) completes it."""
-    if not store.meta("join_pending"):
+    ingest (even of unchanged files) completes it.  A store joined by older rules is joined again whole."""
+    from forensics.replay.scope import JOIN_VERSION
+
+    pending = store.meta("join_pending")
+    older = store.meta("join_version") != JOIN_VERSION  # joined by other rules (or never): joined again whole
+    if not pending and not older:
         return
-    if store.parts("attempts") and store.table("attempts").height:  # no parts: no rows, and no DuckDB to load
-        ing.result.warnings.extend(_join_runs(store))
+    if store.parts("attempts"):  # no parts: no rows, and no DuckDB to load
+        whole = pending is True or older or not store.meta("join_stored")
+        ing.result.warnings.extend(_join_runs(store, None if whole else set(pending)))
     else:
         txn = store.transaction()
-        txn.meta_updates["join_pending"] = None
-        txn.meta_updates["join_stored"] = True
+        txn.meta_updates.update(join_pending=None, join_stored=True, join_version=JOIN_VERSION)
         txn.commit()
 
 
@@ -1257,67 +1260,33 @@ def _ingest_records(ing: Ingestor, store: Store) -> None:
                                  lines_parsed=rep.parsed, lines_unparsed=rep.unparsed, mapping=mapping))
 
 
-def _join_runs(store: Store) -> list[str]:
-    """Match replay attempts to server requests and store the result.
+def _join_runs(store: Store, touched: set[str] | None) -> list[str]:
+    """Match replay attempts to server requests for the runs ``touched`` and every run that shares a server log
+    with them (``replay.scope.component``; None: every run), and store the result: their ``matches`` and their
+    logs' requests, with the times the join placed.  Other runs' parts are not touched (packs stay packs)."""
+    from forensics.replay import scope
+    from forensics.replay.join import join_runs
 
-    Writes the ``matches`` table and rewrites the requests of the logs the runs used with the absolute
-    times the join anchored (so every server request of a run has a wall-clock time after the join).
-    """
-    from forensics import replay
-
-    res = replay.join_store(store)
+    runs = scope.store_runs(store) if touched is None else scope.component(store, touched)
     txn = store.transaction()
-    txn.remove("matches", store.parts("matches"))
+    txn.meta_updates.update(join_pending=None, join_stored=True, join_version=scope.JOIN_VERSION)
+    old_matches = [p for p in store.parts("matches") if run_of_part(p) in runs]
+    if not old_matches and not any(run_of_part(p) in runs for p in store.parts("attempts")):
+        txn.commit()  # no records among these runs, now or before: their requests are as read
+        return []
+    res, fids = join_runs(store, runs)
+    txn.remove("matches", old_matches)
     for (run,), part in res.matches.group_by("run", maintain_order=True):
         txn.write("matches", schema.conform(part, "matches"), run=str(run), name="join")
-    notes = list(res.notes)
-    joined = res.requests
-    stored = True  # every joined request is stored with what the join found (``replay.tables`` reads them)
-    if joined.height:
-        con = store.connect(tables=["requests"])
-        try:
-            have = fetch_pl(con, "SELECT path, count(*) AS n FROM requests GROUP BY path")
-        finally:
-            con.close()
-        have_n = dict(have.iter_rows())
-        for (path,), part in joined.group_by("path", maintain_order=True):
-            if have_n.get(path) != part.height:  # the join saw only some of this log's requests
-                stored = False
-                notes.append(f"join: {path}: {part.height} of its {have_n.get(path, 0)} requests were joined; its "
-                             "requests keep the times they had")
-                continue
-            fid = file_id_of(Path(path))
-            txn.remove("requests", [p for p in store.parts("requests") if f"/{fid}-" in p])
-            part = part.with_columns(pl.coalesce("replay_run", "run").alias("run"))
-            for (run,), sub in part.group_by("run", maintain_order=True):
-                txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
-            _anchor_instances(store, txn, res.matches, path, fid)
-    txn.meta_updates["join_pending"] = None
-    txn.meta_updates["join_stored"] = stored
+    txn.remove("requests", [p for p in store.parts("requests") if run_of_part(p) in runs])
+    joined = res.requests.with_columns(pl.coalesce("replay_run", "run").alias("run"))
+    for (path, run), sub in joined.group_by("path", "run", maintain_order=True):
+        fid = fids.get(str(path)) or file_id_of(Path(str(path)))
+        txn.write("requests", schema.conform(sub, "requests"), run=str(run), name=f"{fid}-req-joined")
     txn.commit()
     counts = res.counts()
-    notes.append(f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "
-                 f"{counts.get('unmatched', 0)} unmatched")
-    return notes
-
-
-def _anchor_instances(store: Store, txn: Any, matches: pl.DataFrame, path: str, fid: str) -> None:
-    """Give the instances of an elapsed-time log the wall-clock start the join anchored them at."""
-    anchors = matches.filter((pl.col("path") == path) & pl.col("offset_s").is_not_null()).group_by("instance").agg(
-        pl.col("offset_s").first())
-    if anchors.height == 0:
-        return
-    start = (pl.col("offset_s") * 1e6).cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-    anchors = anchors.select("instance", start.alias("_anchor"))
-    for rel in [p for p in store.parts("instances") if f"/{fid}-" in p]:
-        run = run_of_part(rel) or ""
-        inst = store.read_parts("instances", [rel]).join(anchors, on="instance", how="left")
-        inst = inst.with_columns(
-            pl.coalesce("started_at", "_anchor").alias("started_at"),
-            pl.when(pl.col("_anchor").is_not_null() & (pl.col("time_basis") == "elapsed")).then(pl.lit("anchored"))
-            .otherwise(pl.col("time_basis")).alias("time_basis")).drop("_anchor")
-        txn.remove("instances", [rel])
-        txn.write("instances", schema.conform(inst, "instances"), run=run, name=f"{fid}-inst-anchored")
+    return [*res.notes, f"join: {counts.get('matched', 0)} attempts matched, {counts.get('ambiguous', 0)} ambiguous, "
+            f"{counts.get('unmatched', 0)} unmatched"]
 
 
 def parse_time(text: str) -> datetime:

@@ -1,9 +1,11 @@
-"""Names derived from file names, shared by ingest (runs, instance labels) and the replay code (a
-server named by its log file's stem, ``{stem}`` in mappings), so that they always agree; and the
-default store location."""
+"""Names derived from file names, shared by ingest (runs, instance labels, file ids) and the replay code (a
+server named by its log file's stem, ``{stem}`` in mappings; a log a manifest names, by its file id), so that
+they always agree; and the default store location."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -17,6 +19,27 @@ def file_stem(name: str) -> str:
     for ext in EXTENSIONS:
         name = name.removesuffix(ext)
     return name
+
+
+def file_id_of(path: Path) -> str:
+    """A file's id in the store (its parts' names start with it): a digest of its resolved path."""
+    return _file_id(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _file_id(cwd: str, path: str) -> str:
+    return hashlib.sha1(str(resolved(Path(path))).encode()).hexdigest()[:16]
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, kept per working folder: an ingest of thousands of files asks it several times a file,
+    and each time costs a system call per folder of the path."""
+    return _resolved(os.getcwd(), str(path))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _resolved(cwd: str, path: str) -> Path:
+    return (Path(cwd) / path).resolve()
 
 
 def default_store_path() -> Path:

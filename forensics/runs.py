@@ -3,7 +3,8 @@
 Every command and every library function that takes runs resolves them here, so they all behave the same:
 no run named means every run (or, for a command about one run, the store's only run: with several, a one-line
 error listing them); a name the store does not know is a one-line error listing the runs it does; a run asked
-for by the id its replay records carry (its alias) is found under the name it is stored as, with a note.
+for by the id its replay records carry (its alias) is found under the name it is stored as, with a note; in a
+fleet of stores, a run named without its host is the run of that name on the one host that has it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def resolve(store: Store | duckdb.DuckDBPyConnection, runs: str | Sequence[str] 
                             hint=f"runs: {run_list(known)}")
     asked = Asked([])
     for name in wanted:
-        run = name
+        run = name = _on_its_host(store, name, known)
         if need is not None and isinstance(store, Store):
             run = _checked(store, name, need, command, asked.notes)
         if run not in known:
@@ -85,6 +86,21 @@ def resolve(store: Store | duckdb.DuckDBPyConnection, runs: str | Sequence[str] 
         asked.runs.append(run)
     asked.runs = list(dict.fromkeys(asked.runs))
     return asked
+
+
+def _on_its_host(store: Store | duckdb.DuckDBPyConnection, name: str, known: list[str]) -> str:
+    """In a fleet, a run named without its host (``dead-slot`` for ``sA:dead-slot``) when one host only has a
+    run of that name; a name the fleet knows as given, or any name outside a fleet, stays as it is."""
+    from forensics.fleet import Fleet, qualified
+
+    if not isinstance(store, Fleet) or name in known:
+        return name
+    have = set(known)
+    hosts = [qualified(h, name) for h in store.hosts if qualified(h, name) in have]
+    if len(hosts) > 1:
+        raise NotFoundError(f"run {name!r} is on {len(hosts)} hosts: {', '.join(hosts)}",
+                            hint="name it with its host: HOST:RUN")
+    return hosts[0] if hosts else name
 
 
 def _checked(store: Store, name: str, need: str, command: str, notes: list[str]) -> str:

@@ -58,7 +58,8 @@ INSTANCES = [
     Column("port", I64, "listen port when logged"),
     Column("started_at", TS, "absolute start time when known (anchor or absolute prefix)"),
     Column("time_basis", STR, "absolute (times on the lines), elapsed, anchored (elapsed, given a wall-clock start by "
-           "--started-at or the replay join), or order (no time on the lines)"),
+           "--started-at), or order (no time on the lines); where the replay join placed the requests is their "
+           "clock (requests.clock) and its offset matches.offset_s"),
     Column("line_first", I64, "first line of the instance in the file"),
     Column("line_last", I64, "last line of the instance in the file"),
     Column("requests", I64, "requests the instance served"),
@@ -112,6 +113,11 @@ REQUESTS = [
            "by the general rule (a slot or task id with token counts or timings, parsers/formats/general.toml)"),
     Column("t_start", TS, "absolute start time when an anchor exists"),
     Column("t_end", TS, "absolute end time when an anchor exists"),
+    Column("clock", STR, "how t_start/t_end were placed: log (the line's own absolute time), anchored (elapsed time "
+           "plus the manifest's launched_at or the instance's known start), aligned (elapsed time plus the offset that "
+           "lines the attempts' send times up with the requests), attempt (no time on the lines: at the send of the "
+           "attempt it served), order (no time on the lines: estimated from the order on its slot); null: nothing "
+           "places it. A request that ran never gets t_end <= t_start: an end that cannot be placed is null"),
     Column("elapsed_start_s", F64, "start, seconds since process start (when the log has elapsed time)"),
     Column("elapsed_end_s", F64, "end, seconds since process start"),
     Column("line_first", I64, "first line of the request (evidence)"),
@@ -203,6 +209,10 @@ MATCHES = [
     Column("stage", STR, "stage"),
     Column("attempt", I64, "attempt number"),
     Column("instance", STR, "server instance of the matched request (best guess when ambiguous)"),
+    Column("server", STR, "the server the attempt reached, by the manifest's name: the attempt's own server; else "
+           "the manifest server whose log holds the matched request; else (ambiguous) the one server all its "
+           "candidates are on; else the one server every instance it may have reached belongs to; else null (the "
+           "attempt names none and several could have served it)"),
     Column("path", STR, "log file of the matched request"),
     Column("slot", I64, "slot of the matched request"),
     Column("task", I64, "task of the matched request"),

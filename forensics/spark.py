@@ -233,7 +233,7 @@ def table_frame(spark: Any, store: Store, table: str, existing_only: bool = Fals
     the DuckDB view's columns."""
     from pyspark.sql import functions as F
 
-    from forensics.fleet import HOST_SEP, members_of
+    from forensics.fleet import HOST_SEP, RUN_NAME_COLUMNS, members_of
 
     frames = []
     declared = table in schema.TABLES
@@ -241,7 +241,9 @@ def table_frame(spark: Any, store: Store, table: str, existing_only: bool = Fals
         frame = _member_frame(spark, member, table, existing_only) if declared else \
             _derived_frame(spark, member, table)
         if frame is not None and host is not None:
-            frame = frame.withColumn("run", F.concat(F.lit(host + HOST_SEP), F.col("run").cast("string")))
+            for col in ("run", *RUN_NAME_COLUMNS.get(table, ())):
+                if col in frame.columns:
+                    frame = frame.withColumn(col, F.concat(F.lit(host + HOST_SEP), F.col(col).cast("string")))
         if frame is not None:
             frames.append(frame)
     if not frames and not declared:

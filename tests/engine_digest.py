@@ -62,7 +62,7 @@ def digest_log(log: Path, workdir: Path) -> dict[str, Any]:
     os.utime(copy, (1_787_600_000, 1_787_600_000))
     ingest(workdir / "store", [copy], IngestOptions(run="d", keep_going=True))
     store = Store(workdir / "store")
-    req_n, req_h = digest_rows(store.table("requests"), ["instance", "line_first", "slot", "task"], {"path"})
+    req_n, req_h = digest_rows(store.table("requests"), ["instance", "line_first", "slot", "task"], {"path", "clock"})
     ev_n, ev_h = digest_rows(store.table("events"), ["line_no", "kind"], SKIP_EVENT_COLUMNS)
     inst_n, inst_h = digest_rows(store.table("instances"), ["line_first", "instance"], {"run", "path"})
     files = store.table("files").select("lines_total", "lines_parsed", "lines_skipped", "lines_unparsed").rows()

@@ -46,7 +46,7 @@ MS_REQUESTS = [
 def ms_requests(*, timed: bool = True) -> pl.DataFrame:
     rows = []
     for slot, seq, task, s0, s1, p, g, stop, trunc, http, err, l0, l1 in MS_REQUESTS:
-        rows.append({"run": "logs", "instance": "main", "path": "logs/main.log", "slot": slot, "seq": seq, "task": task,
+        rows.append({"run": "run-ms", "instance": "main", "path": "logs/main.log", "slot": slot, "seq": seq, "task": task,
                      "prompt_tokens": p, "gen_tokens": g, "stop_reason": stop, "truncated": trunc, "http_status": http,
                      "error": err, "total_ms": round((s1 - s0) * 1000, 3), "complete": True,
                      "t_start": at("2026-03-02T10:00:00", s0 if timed else None),
@@ -55,7 +55,7 @@ def ms_requests(*, timed: bool = True) -> pl.DataFrame:
 
 
 def ms_instances(basis: str = "absolute") -> pl.DataFrame:
-    return instances([{"run": "logs", "instance": "main", "path": "logs/main.log", "port": 8080, "n_slots": 2,
+    return instances([{"run": "run-ms", "instance": "main", "path": "logs/main.log", "port": 8080, "n_slots": 2,
                        "time_basis": basis}])
 
 
@@ -67,8 +67,8 @@ def ms_store(path: Path) -> Store:
     """A store with run-ms's records and its main log's requests (absolute times)."""
     store = Store(path, create=True)
     txn = store.transaction()
-    txn.write("requests", ms_requests().drop("run"), run="logs", name="main")
-    txn.write("instances", ms_instances().drop("run"), run="logs", name="main")
+    txn.write("requests", ms_requests().drop("run"), run="run-ms", name="main")
+    txn.write("instances", ms_instances().drop("run"), run="run-ms", name="main")
     replay.ingest_records(txn, ms_records())
     txn.commit()
     return Store(path)

@@ -12,6 +12,7 @@ from forensics.cli import cli
 from forensics.errors import StoreError
 from forensics.fleet import Fleet, host_label, open_fleet
 from forensics.store import run_of_part
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,42 @@ def test_a_pattern_and_named_hosts(two_hosts: Path) -> None:
 def test_one_run_of_a_fleet_by_its_name(two_hosts: Path) -> None:
     res = CliRunner().invoke(cli, ["deadslots", "gpu-b:run-healthy", "--format", "csv", *_stores(two_hosts)])
     assert res.exit_code == 0, res.output
-    unknown = CliRunner().invoke(cli, ["deadslots", "run-healthy", *_stores(two_hosts)])
+    both = CliRunner().invoke(cli, ["deadslots", "run-healthy", *_stores(two_hosts)])
+    assert both.exit_code == 2
+    assert both.stderr == ("forensics: error: run 'run-healthy' is on 2 hosts: gpu-a:run-healthy, gpu-b:run-healthy "
+                           "(name it with its host: HOST:RUN)\n")
+    unknown = CliRunner().invoke(cli, ["deadslots", "run-42", *_stores(two_hosts)])
     assert unknown.exit_code == 2
-    assert unknown.stderr == ("forensics: error: no run 'run-healthy' in the store (runs: gpu-a:run-healthy, "
-                              "gpu-b:run-healthy)\n")
+    assert unknown.stderr.startswith("forensics: error: no run 'run-42' in the store (runs: gpu-a:run-healthy, "
+                                     "gpu-b:run-healthy)\n")
+
+
+@pytest.fixture(scope="module")
+def real_hosts(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Two real runs (fixtures/server-runs), each in a store of its own: sA holds the dead slot, sB a healthy run."""
+    root = tmp_path_factory.mktemp("real-hosts")
+    for host, run in (("sA", "b11312-deadslot"), ("sB", "b11312-healthy")):
+        res = CliRunner().invoke(cli, ["ingest", str(ROOT / "fixtures" / "server-runs" / run),
+                                       "--store", str(root / host)])
+        assert res.exit_code == 0, res.output
+    return ["--store", f"sA={root / 'sA'}", "--store", f"sB={root / 'sB'}"]
+
+
+def test_a_run_name_unique_across_the_stores_is_accepted_bare(real_hosts: list[str]) -> None:
+    bare = CliRunner().invoke(cli, ["deadslots", "b11312-deadslot", "--format", "csv", *real_hosts])
+    full = CliRunner().invoke(cli, ["deadslots", "sA:b11312-deadslot", "--format", "csv", *real_hosts])
+    assert bare.exit_code == 0 and full.exit_code == 0, bare.output + full.output
+    assert bare.stdout == full.stdout and bare.stdout.count("sA:b11312-deadslot") >= 1
+
+
+def test_runs_of_a_fleet_show_their_requests(real_hosts: list[str]) -> None:
+    # requests.replay_run is qualified like run, so each run meets the requests the join gave it
+    res = CliRunner().invoke(cli, ["runs", "--format", "csv", *real_hosts])
+    assert res.exit_code == 0, res.output
+    rows = [line.split(",") for line in res.stdout.splitlines()]
+    cols = rows[0]
+    got = {r[0]: (r[cols.index("attempts")], r[cols.index("requests")]) for r in rows[1:]}
+    assert got == {"sA:b11312-deadslot": ("48", "48"), "sB:b11312-healthy": ("48", "48")}
 
 
 def test_parts_name_the_fleet_run(two_hosts: Path) -> None:

@@ -1,8 +1,10 @@
 """The join's outputs are pinned on recorded inputs: the demo store's tables (absolute, elapsed and
 order-only logs), the replay fixtures' stores, and generated mixes of slots, tokens, statuses, missing
-sends, duplicate instances and several runs.  Each ``fixtures/join/<case>/expected_*`` was written by the
-row-by-row join this set-based one replaced; a change to the matching rules shows up here as a diff to
-review, not as a silent shift."""
+sends, duplicate instances and several runs, and every reason an attempt stays unmatched.  Each
+``fixtures/join/<case>/expected_*`` was first written by the row-by-row join this set-based one replaced, and
+rewritten (after review) when the rules changed: runs scoped to their own logs and the logs their manifests
+name, server-less attempts, the requests' ``clock``, no zero-length requests, strongest evidence first; a change
+to the matching rules shows up here as a diff to review, not as a silent shift."""
 
 from __future__ import annotations
 
@@ -32,4 +34,4 @@ def test_the_cases_cover_every_outcome() -> None:
     reasons = pl.concat([pl.read_parquet(p, columns=["match", "reason"]) for p in CASES.glob("*/expected_matches.parquet")])
     kinds = set(reasons["match"]) | {r for r in reasons["reason"] if r and "+" not in r and " " not in r}
     assert {"matched", "ambiguous", "unmatched", "no_instance", "rejected_before_slot", "client_timeout",
-            "client_cancelled", "no_slot_request"} <= kinds
+            "client_cancelled", "no_slot_request", "taken", "evidence_disagrees"} <= kinds

@@ -221,4 +221,4 @@ def test_cli_runs_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert [tuple(r.values()) for r in json.loads(out)] == MISSING
     code, out, err = _main(["missing", "run-42", "--store", str(tmp_path / "store")], capsys)
     assert (code, out) == (2, "")
-    assert err == "forensics: error: no run 'run-42' in the store (runs: logs, run-ms)\n"
+    assert err == "forensics: error: no run 'run-42' in the store (runs: run-ms)\n"

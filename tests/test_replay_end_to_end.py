@@ -3,7 +3,7 @@
 The same multi-stage run with retries (a dead slot on main, timeouts retried on the backup instance) is
 written as a log without timestamps (era 4), with elapsed timestamps (era 5) and with journald absolute
 times; after ingest every matched attempt must point at the request that really served it, and every
-server request of the run has an absolute time.
+server request of the run has an absolute time but where nothing places it.
 """
 
 from __future__ import annotations
@@ -38,10 +38,20 @@ def test_join_matches_ground_truth(tmp_path: Path, fmt: str, wrapper: str | None
     assert matches.filter(pl.col("match") == "ambiguous").height + got.height >= truth.height
     # the main and the backup instance are both there, kept apart by their log files
     assert set(got["instance"]) == {"main", "backup"}
-    # after the join every server request of the run has an absolute time
+    # after the join every server request of the run has an absolute time, but on a log without time a request
+    # whose length it does not give (cancelled) and that served no attempt: no end, and no start when the one
+    # before it on its slot has no end either (era 4: the dead slot's two cancelled requests, seq 3 and 4)
     req = s.table("requests").filter(pl.col("run") == "run-deadslot")
     assert req.height == gen.requests
-    assert req["t_start"].null_count() == 0 and req["t_end"].null_count() == 0
+    untimed = req.filter(pl.col("t_start").is_null() | pl.col("t_end").is_null())
+    if fmt == "era4" and wrapper is None:
+        assert untimed.select("slot", "seq", "total_ms", pl.col("t_start").is_null()).rows() == [
+            (1, 3, None, False), (1, 4, None, True)]
+        assert set(req["clock"]) == {"attempt", "order", None}
+    else:
+        assert untimed.height == 0
+        assert set(req["clock"]) == ({"log"} if wrapper == "journald" else {"anchored"})
+    assert req.filter(pl.col("t_end") <= pl.col("t_start")).height == 0
     if wrapper == "journald" or fmt == "era5":  # anchored by the log's own clock: exact to the microsecond
         exact = req.join(gen.truth.select("instance", "slot", "task", pl.col("t_start").alias("t_truth")),
                          on=["instance", "slot", "task"])

@@ -3,11 +3,13 @@ two instances, and a log shared by two runs.  Every expected value is worked out
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import polars as pl
 
-from forensics import replay
+from forensics import replay, schema
 from tests.replay_helpers import FIX, at, instances, ms_instances, ms_records, ms_requests, requests
 
 MATCH_COLS = ["item", "stage", "attempt", "instance", "slot", "task", "match", "reason"]
@@ -77,11 +79,11 @@ def _ha_requests(main_basis: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     rs = []
     for inst, lst in (("main", main), ("backup", backup)):
         for slot, seq, task, e0, e1, p, g, stop in lst:
-            rs.append({"run": "logs", "instance": inst, "path": f"logs/{inst}.log", "slot": slot, "seq": seq,
+            rs.append({"run": "run-ha", "instance": inst, "path": f"logs/{inst}.log", "slot": slot, "seq": seq,
                        "task": task, "prompt_tokens": p, "gen_tokens": g, "stop_reason": stop,
                        "elapsed_start_s": e0, "elapsed_end_s": e1, "total_ms": round((e1 - e0) * 1000, 3)})
-    inst = instances([{"run": "logs", "instance": "main", "path": "logs/main.log", "port": 8080, "time_basis": main_basis},
-                      {"run": "logs", "instance": "backup", "path": "logs/backup.log", "port": 8081,
+    inst = instances([{"run": "run-ha", "instance": "main", "path": "logs/main.log", "port": 8080, "time_basis": main_basis},
+                      {"run": "run-ha", "instance": "backup", "path": "logs/backup.log", "port": 8081,
                        "time_basis": "elapsed"}])
     return requests(rs), inst
 
@@ -111,10 +113,16 @@ def test_two_instances_elapsed_time_anchored_by_launch_and_by_alignment() -> Non
     assert t[("backup", 1)] == (at(base, -25.05), at(base, -24.95), None)
 
 
+def _naming(runs: list[str], log_path: str) -> pl.DataFrame:
+    """Manifests of ``runs`` that list one server, ``srv``, whose log is ``log_path`` (no times, no items)."""
+    servers = json.dumps([{"name": "srv", "log_file": Path(log_path).name, "log_path": log_path}])
+    return schema.conform(pl.DataFrame({"run": runs, "servers": [servers] * len(runs)}), "runs")
+
+
 def test_shared_log_is_split_between_runs_by_time() -> None:
-    # one absolute log serves run-a (10:00-10:01) and run-b (10:05-10:06); an unmatched request falls in
-    # each run's window, one falls in neither.
-    runs = replay.load([]).runs
+    # one absolute log, read into a run of its own ("logs"), serves run-a (10:00-10:01) and run-b (10:05-10:06),
+    # whose manifests name it; an unmatched request falls in each run's window, one falls in neither.
+    runs = _naming(["run-a", "run-b"], "logs/srv.log")
     att = []
     for run, m in (("run-a", 0), ("run-b", 5)):
         att.append({"run_id": run, "item": "X", "stage": "s", "attempt": 1, "server": "srv", "outcome": "ok",
@@ -139,6 +147,10 @@ def test_shared_log_is_split_between_runs_by_time() -> None:
     # run windows (no manifest): first send .. last end = 10:00:00-10:00:59 and 10:05:00-10:05:59
     assert jr.requests.select("task", "replay_run").rows() == [
         (1, "run-a"), (2, "run-a"), (3, "run-b"), (4, "run-b"), (5, None)]
+    # without a manifest naming it, another run's log is out of reach, however its instance is named
+    alone = replay.join(rs, inst, replay.load([]).runs, recs.attempts)
+    assert set(alone.matches["reason"]) == {"no_instance"}
+    assert alone.requests["replay_run"].null_count() == 5
 
 
 def test_attempts_without_a_server_log_are_unmatched_no_instance() -> None:
@@ -146,3 +158,48 @@ def test_attempts_without_a_server_log_are_unmatched_no_instance() -> None:
     jr = replay.join(requests([]), instances([]), recs.runs, recs.attempts)
     assert set(jr.matches["reason"].to_list()) == {"no_instance"}
     assert jr.requests.height == 0
+
+
+def _reasons_case() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """One absolute log (run-x, instance main) and attempts that each end unmatched for another reason."""
+    base = "2026-03-06T10:00:00"
+    rs = requests([
+        {"run": "run-x", "instance": "main", "path": "run-x/main.log", "slot": s, "seq": q, "task": t,
+         "prompt_tokens": p, "gen_tokens": g, "http_status": h, "t_start": at(base, a), "t_end": at(base, b)}
+        for s, q, t, p, g, h, a, b in [(0, 1, 1, 100, 50, 200, 0.0, 2.0), (1, 1, 2, 300, None, 500, 10.0, 10.1),
+                                       (0, 2, 3, 10, 10, 200, 40.0, 45.0)]])
+    inst = instances([{"run": "run-x", "instance": "main", "path": "run-x/main.log", "time_basis": "absolute"}])
+    from forensics.replay.records import RawRecord, build
+
+    def att(run: str, item: str, a: float, b: float, outcome: str = "ok", **kw: object) -> dict:
+        return {"run_id": run, "item": item, "stage": "s", "attempt": 1, "server": "main", "outcome": outcome,
+                "started_at": at(base, a).isoformat(), "ended_at": at(base, b).isoformat(), **kw}
+
+    recs = build([RawRecord("attempt", a, "mem", i) for i, a in enumerate([
+        att("run-x", "A1", 0.0, 2.0, id_slot=0, tokens_evaluated=100, tokens_predicted=50),
+        att("run-x", "A2", 0.05, 2.0, id_slot=0, tokens_evaluated=100, tokens_predicted=50),
+        att("run-x", "A3", 10.0, 10.2, "failed", http_status=500, tokens_evaluated=999),
+        att("run-x", "A4", 20.0, 20.1, "failed", http_status=503),
+        att("run-x", "A5", 40.1, 40.2, "failed", http_status=500),
+        att("run-x", "A6", 100.0, 130.0, "timeout"),
+        att("run-x", "A7", 140.0, 141.0, "cancelled"),
+        att("run-x", "A8", 150.0, 151.0),
+        att("run-y", "A9", 0.0, 1.0)], 1)])
+    return rs, inst, replay.load([]).runs, recs.attempts
+
+
+def test_an_unmatched_attempt_says_why_no_request_was_tied() -> None:
+    jr = replay.join(*_reasons_case())
+    assert rows(jr.matches, ["item", "task", "match", "reason"]) == [
+        ("A1", 1, "matched", "slot+tokens+time"),
+        ("A2", None, "unmatched", "taken"),  # R1 fits it as well, and served A1 (sent first)
+        ("A3", None, "unmatched", "evidence_disagrees"),  # R2 has its HTTP 500 but 300 prompt tokens, not 999
+        ("A4", None, "unmatched", "rejected_before_slot"),  # nothing starts in 19-21.1 s
+        ("A5", None, "unmatched", "rejected_before_slot"),  # R3 starts in its window, but answered 200, not 500
+        ("A6", None, "unmatched", "client_timeout"),
+        ("A7", None, "unmatched", "client_cancelled"),
+        ("A8", None, "unmatched", "no_slot_request"),
+        ("A9", None, "unmatched", "no_instance"),  # run-y read no log; run-x's is not its own
+    ]
+    # every attempt names its server; only the one with no instance in reach has none to show
+    assert jr.matches.select("item", "server").filter(pl.col("server").is_null())["item"].to_list() == []

@@ -1,7 +1,9 @@
 -- Missing items of a replay run, and why: every expected item x stage that did not finish ok, with the
 -- reason (never_attempted, http_error, timeout, cancelled, parse_error), a detail from the harness's last
 -- attempt, and evidence from the server request the join matched to it (slot, task, tokens, stop
--- reason, truncation, whether the server kept generating after the client gave up, log lines).
+-- reason, truncation, whether the server kept generating after the client gave up, log lines), or why the
+-- join tied none (the matches' reason: "rejected before a slot" only when no request of the run's servers
+-- could be it).  What the log does not tell is said to be unknown (the server's end, its tokens), never 0.
 -- Parameters: $run  the run id.
 -- Relations: items, attempts, runs (store views); replay_matches, replay_requests (the join's matches and
 -- requests with absolute times, registered by forensics.replay.tables).
@@ -62,7 +64,8 @@ classified AS (
                 WHEN l.outcome IN ('timeout', 'cancelled') THEN l.outcome
                 ELSE 'http_error' END AS reason,
            date_diff('millisecond', l.started_at, l.ended_at) / 1000.0 AS client_s,
-           date_diff('millisecond', l.ended_at, e.t_end) / 1000.0 AS kept_s
+           date_diff('millisecond', l.ended_at, e.t_end) / 1000.0 AS kept_s,
+           coalesce(CAST(e.gen_tokens AS VARCHAR), 'unknown') AS gen_s
     FROM miss m
     LEFT JOIN last l ON l.item = m.item AND l.stage = m.stage
     LEFT JOIN ev e ON e.item = m.item AND e.stage = m.stage
@@ -95,20 +98,27 @@ SELECT
                      || coalesce(', stop ' || stop_type, '') || ' (no server request matched)'
                  WHEN match = 'ambiguous' THEN 'server request ambiguous: ' || match_reason
                  WHEN match_reason = 'rejected_before_slot' THEN 'rejected before a slot: no slot request in the log'
-                 WHEN match_reason IN ('client_timeout', 'client_cancelled') THEN 'never reached a slot'
-                 WHEN match_reason = 'no_instance' THEN 'no server log for server ' || coalesce(server, '?')
+                 WHEN match_reason = 'evidence_disagrees' THEN
+                     'no server request tied: the requests that could be it disagree on slot, tokens, status or time'
+                 WHEN match_reason = 'taken' THEN 'no server request tied: each request that fits served another attempt'
+                 WHEN match_reason = 'no_instance' THEN
+                     CASE WHEN server IS NULL THEN 'no server log of this run was read'
+                          ELSE 'no server log for server ' || server END
                  ELSE 'never reached a slot'
             END
         WHEN reason IN ('timeout', 'cancelled') THEN
             CASE WHEN kept_s > 0 THEN
-                     printf('server kept generating: %s slot %d for %.1f s after the client gave up (%d tokens, stop %s)',
-                            instance, slot, kept_s, coalesce(gen_tokens, 0), coalesce(stop_reason, 'unknown'))
-                 ELSE printf('server stopped with the client: %s slot %d (%d tokens, stop %s)',
-                             instance, slot, coalesce(gen_tokens, 0), coalesce(stop_reason, 'unknown'))
+                     printf('server kept generating: %s slot %d for %.1f s after the client gave up (%s tokens, stop %s)',
+                            instance, slot, kept_s, gen_s, coalesce(stop_reason, 'unknown'))
+                 WHEN kept_s IS NULL THEN
+                     printf('server end unknown: %s slot %d (%s tokens, stop %s)', instance, slot, gen_s,
+                            coalesce(stop_reason, 'unknown'))
+                 ELSE printf('server stopped with the client: %s slot %d (%s tokens, stop %s)',
+                             instance, slot, gen_s, coalesce(stop_reason, 'unknown'))
             END || ' [' || lines || ']'
         WHEN reason = 'parse_error' THEN
-            printf('%s slot %d task %d: %d prompt + %d generated tokens, %s, stop %s',
-                   instance, slot, coalesce(task, -1), coalesce(prompt_tokens, 0), coalesce(gen_tokens, 0),
+            printf('%s slot %d task %d: %s prompt + %s generated tokens, %s, stop %s',
+                   instance, slot, coalesce(task, -1), coalesce(CAST(prompt_tokens AS VARCHAR), 'unknown'), gen_s,
                    CASE WHEN server_truncated THEN 'truncated' ELSE 'not truncated' END,
                    coalesce(stop_reason, 'unknown')) || ' [' || lines || ']'
         ELSE
