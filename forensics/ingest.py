@@ -38,7 +38,7 @@ from forensics.errors import (
     bug_boundary,
 )
 from forensics.paths import file_id_of, file_stem, resolved
-from forensics.store import Store, fetch_pl, run_of_part
+from forensics.store import Store, run_of_part
 from parsers import assemble, reader
 from parsers.engine import Carry, ChunkResult, Engine
 from parsers.reader import compression_of, iter_chunks, read_head

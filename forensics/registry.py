@@ -300,7 +300,7 @@ register(Finding(
     options=("stall_lines",), doc="kv-cache-stalls"))
 register(Finding(
     "failover", "Client timeouts and failovers", "Attempts the client gave up on (a timeout) or that failed on one "
-    "server and were sent again to another, from the harness's records.", query="client_timeouts", tables=("attempts",),
+    "server and were sent again to another, from the harness's records.", query="client_timeouts", tables=("attempts", "matches"),
     reads_requests=False, sentence=S.failover, compare="failovers", counted=lambda df: df.filter(pl.col("failed_over")),
     breaks_throughput=True, drop_empty=(), doc="client-timeouts-and-failovers"))
 register(Finding(

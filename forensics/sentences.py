@@ -336,13 +336,12 @@ def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     400 (...)``."""
     if rows.height == 0:
         return []
-    mine = ctx.untold(rows.filter(pl.col("task").is_not_null()))
-    loose = rows.filter(pl.col("task").is_null())
-    if ctx.told_attempts and loose.height:
+    if ctx.told_attempts:  # an attempt an earlier sentence told (a client timeout, a failover)
         told = pl.DataFrame(list(ctx.told_attempts), schema={"item": pl.String, "stage": pl.String,
                                                              "attempt": pl.Int64}, orient="row")
-        loose = loose.join(told, on=["item", "stage", "attempt"], how="anti", nulls_equal=True)
-    mine = pl.concat([mine, loose], how="vertical_relaxed")
+        rows = rows.join(told, on=["item", "stage", "attempt"], how="anti", nulls_equal=True)
+    mine = pl.concat([ctx.untold(rows.filter(pl.col("task").is_not_null())), rows.filter(pl.col("task").is_null())],
+                     how="vertical_relaxed")
     if mine.height == 0:
         return []
     parts = []

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # The analysis version: bump it whenever a rule, a query or a derived column changes what the store's analysis
 # holds (forensics.analyse), so that a store derived by an older project is derived again on first use.
-VERSION = 11
+VERSION = 13
 
 
 
@@ -162,11 +162,13 @@ class Analysis:
         extra = "".join(f', CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_FIELDS.items() if c not in have)
         # a line without a wall-clock time of its own gets its instance's start plus its elapsed time, when the
         # instance was anchored (a manifest's launch time, the join): every time column is then wall clock
-        cols = ", ".join('coalesce(t.ts, to_timestamp(epoch(i.started_at) + t.elapsed_s)) AS "ts"' if c == "ts" else
+        # (the offset between its requests' wall-clock and elapsed starts, as the join or the manifest placed them)
+        cols = ", ".join('coalesce(t.ts, to_timestamp(i.offset_s + t.elapsed_s)) AS "ts"' if c == "ts" else
                          f't."{c}"' for c in have)
         con.execute(f"CREATE OR REPLACE TEMP VIEW fx_events_raw AS SELECT {cols}{extra} FROM events t "
-                    "LEFT JOIN (SELECT run, instance, max(started_at) AS started_at FROM instances GROUP BY run, "
-                    f"instance) i ON i.run = t.run AND i.instance = t.instance WHERE t.run IN ({inlist})")
+                    "LEFT JOIN (SELECT run, instance, median(epoch(t_start) - elapsed_start_s) AS offset_s "
+                    "FROM requests WHERE t_start IS NOT NULL AND elapsed_start_s IS NOT NULL GROUP BY run, instance) i "
+                    f"ON i.run = t.run AND i.instance = t.instance WHERE t.run IN ({inlist})")
         con.execute("CREATE OR REPLACE TEMP VIEW fx_events AS " + self._named("fx_events_raw", "true"))
         con.execute("CREATE OR REPLACE TEMP VIEW fx_lost AS SELECT DISTINCT run, item, stage FROM items "
                     f"WHERE NOT coalesce(done, false) AND run IN ({inlist})")

@@ -12,10 +12,10 @@
 --              tokens) at least the slot's context - the prompt; else its attempt's tokens_predicted
 --              (`gen_logged`: as the log gave it)
 --   t_start, t_end  wall-clock start and end: the log's own times, or its elapsed times anchored by the manifest's
---              launch time or the join; null when nothing places it.  `clock` says which: log (absolute times on
---              the lines), anchored (elapsed time + a known start), elapsed (seconds since the process started,
---              no wall-clock anchor), the requests table's own `clock` when the join placed it (attempt, order,
---              aligned), null (nothing places it)
+--              launch time or the join; null when nothing places it.  `clock` says which (the requests table's
+--              own, as the join placed it): log (absolute times on the lines), anchored (elapsed time + a known
+--              start), aligned (elapsed time aligned to the attempts' send times), attempt (placed at the attempt
+--              it served), order (estimated from the order on its slot), null (nothing places it)
 --   seconds    how long it ran: the server's timings (total_ms) when they are above zero, else its end - its
 --              start, else the elapsed end - start; never 0 for a request that ran (null: unknown)
 --   tpot_ms    gen_ms / gen_tokens (per generated token; null below 2 tokens)
@@ -139,9 +139,9 @@ SELECT r.run, r.instance, r.instance_id, r.path, r.slot, r.task, r.seq, r.item, 
        r.ctx_full_ AS ctx_full,
        r.t_start, r.t_end,
        CASE WHEN r.t_start IS NULL THEN NULL
+            WHEN r.clock IS NOT NULL THEN r.clock
             WHEN r.i_basis = 'absolute' THEN 'log'
-            WHEN r.i_basis = 'anchored' THEN 'anchored'
-            ELSE coalesce(r.i_basis, 'anchored') END AS clock,
+            ELSE 'anchored' END AS clock,
        r.elapsed_start_s, r.elapsed_end_s, r.line_first, r.line_last,
        coalesce(epoch(r.t_start), r.elapsed_start_s) AS start_key,
        CASE WHEN r.stage IS NOT NULL THEN 'stage:' || r.stage ELSE 'instance:' || r.instance END AS bgroup,
