@@ -85,8 +85,8 @@ class CostModel:
         ctx = (f" + {self.context_ms_per_token * 1000:.2f} ms per 1000 tokens of context"
                if self.context_ms_per_token > 0 else "")
         batched = f" (+{self.batch_ms:.1f} ms once two or more decode)" if self.batch_ms > 0 else ""
-        knee = (f", {self.marginal_ms + self.knee_ms:.2f} ms per slot past {self.knee:g} (the knee: throughput "
-                "about flat beyond it)" if self.knee > 0 and self.knee_ms > 0 else "")
+        knee = (f", {self.marginal_ms + self.knee_ms:.2f} ms per slot past {self.knee:g} (the knee)"
+                if self.knee > 0 and self.knee_ms > 0 else "")
         return (f"decode step {self.step_ms:.1f} ms + {self.marginal_ms:.2f} ms per extra slot decoding{knee}"
                 f"{batched}{ctx}; "
                 f"prefill {self.prefill_ms_per_token * 1000:.0f} µs per prompt token"
