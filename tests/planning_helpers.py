@@ -90,3 +90,19 @@ def real_store(root: Path, folders: list[str]) -> Store:
     """The real run ``folders`` of fixtures/server-runs ingested into one store under ``root``."""
     ingest(root / "store", [REAL_RUNS / f for f in folders], IngestOptions(keep_going=True))
     return Store(root / "store")
+
+
+def held_out(p: object, runs: dict[int, str], np_: int) -> tuple[dict[str, float], dict[str, float]]:
+    """np ``np_`` predicted by a model fitted on the other np of ``runs`` (np -> run) of planner ``p``: (recommend's
+    figures, the median of the other runs' workloads each at its own speed; whatif's, from the measured np just
+    below, its own workload at its own speed)."""
+    import dataclasses
+
+    from forensics.planning import costmodel, predict, recommendation
+
+    assert isinstance(p, predict.Planner)
+    others = [r for n, r in runs.items() if n != np_]
+    q = dataclasses.replace(p, model=costmodel.fit([p.workload(r) for r in others]), _speeds={})
+    median = {f: v[0] for f, v in recommendation._predicted(q, np_, others, None).items()}
+    below = [n for n in runs if n < np_]
+    return median, q.predict(runs[max(below)], np_)[0] if below else median

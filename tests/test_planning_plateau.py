@@ -12,15 +12,13 @@ every np (the model before the knee, the same fit with no knee to choose) missed
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.planning import costmodel, predict, recommendation
 from forensics.store import Store
-from tests.planning_helpers import PLATEAU_NPS, build_store, plateau_scenario
+from tests.planning_helpers import PLATEAU_NPS, build_store, held_out, plateau_scenario
 
 RUNS = {n: f"moe-np{n}" for n in PLATEAU_NPS}
 
@@ -31,18 +29,8 @@ def plateau(tmp_path_factory: pytest.TempPathFactory) -> predict.Planner:
     return predict.planner(store, [RUNS[8]])
 
 
-def held_out(p: predict.Planner, np_: int) -> tuple[dict[str, float], dict[str, float]]:
-    """np ``np_`` predicted by a model fitted on the other np: (recommend's figures: the median of the other runs'
-    workloads, each at its own speed; whatif's from the measured np just below)."""
-    others = [r for n, r in RUNS.items() if n != np_]
-    q = dataclasses.replace(p, model=costmodel.fit([p.workload(r) for r in others]), _speeds={})
-    median = {f: v[0] for f, v in recommendation._predicted(q, np_, others, None).items()}
-    below = [n for n in PLATEAU_NPS if n < np_]
-    return median, q.predict(RUNS[below[-1]], np_)[0] if below else median
-
-
 def errors(p: predict.Planner, np_: int) -> dict[str, float]:
-    median, below = held_out(p, np_)
+    median, below = held_out(p, RUNS, np_)
     meas = p.measured[RUNS[np_]]
     return {"tok": median["gen_tok_per_s"] / meas["gen_tok_per_s"] - 1, "run": median["run_s"] / meas["run_s"] - 1,
             "tok_from_below": below["gen_tok_per_s"] / meas["gen_tok_per_s"] - 1}
