@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -388,13 +388,19 @@ def weighting(step_ms: float, marginal_ms: float, knee: float = 0.0,
     return step
 
 
-def fit(workloads: Sequence[Workload]) -> CostModel:
+def fit(workloads: Sequence[Workload], *, shape_from: Collection[str] | None = None) -> CostModel:
     """The cost model fitted on ``workloads`` (``check_data`` first: timed requests).  A model of one np predicts
-    that np only (``one_np_only``)."""
+    that np only (``one_np_only``).  ``shape_from``: the runs whose left-out np choose the knee and the context term
+    (``choose_shape``; default all): the healthy ones, since a run whose outputs ran away to the context at one np
+    ties its slow steps to that np and the slots decoding there as much as to the context they held; every run
+    then prices the terms chosen."""
     check_data(workloads)
     used = [w for w in workloads if timed_jobs(w).height >= 3]
-    knees = knee_candidates([w.np for w in used])
-    groups = fold_groups([w.np for w in used])
+    shaped = [i for i, w in enumerate(used) if shape_from is None or w.run in shape_from]
+    if len(fold_groups([used[i].np for i in shaped])) < 3:
+        shaped = list(range(len(used)))
+    knees = knee_candidates([used[i].np for i in shaped])
+    groups = [[shaped[j] for j in g] for g in fold_groups([used[i].np for i in shaped])]
     knee, context = None, False
     weigh = weighting(1.0, 0.0)
     for rounds in range(3):  # the token weighting of the busy count depends on the step cost: fit it again

@@ -241,7 +241,7 @@ def _group_planner(store: Store, g: SetupGroup, targets: list[str], *, instance:
              for r in wanted}
     basis = f"the healthy runs of setup {g.label}"
     try:
-        model = costmodel.fit([loads[r] for r in pool])
+        model = costmodel.fit([loads[r] for r in pool], shape_from=healthy)
     except NotEnoughData as exc:
         if g.left_out:
             exc.message += " (left out as broken: " + ", ".join(g.left_out) + ")"
@@ -338,7 +338,7 @@ def folds(p: Planner) -> pl.DataFrame:
         if not others:
             continue
         try:
-            model = costmodel.fit([p.workloads[r] for r in others])
+            model = costmodel.fit([p.workloads[r] for r in others], shape_from=p.healthy)
         except NotEnoughData:
             continue
         rest = sorted({p.np_of(r) for r in others})
@@ -422,7 +422,7 @@ def sanity(np_: int, neighbours: tuple[int, int], pred: dict[str, float],
         shown = ma + t * (mb - ma)
         out[fig] = Sanity(fig, shown, v, True)
         said.append(f"the model's {name} {_fmt(fig, v)} beat both measured neighbours ({_fmt(fig, ma)}, "
-                    f"{_fmt(fig, mb)}), which sit {ma / pa - 1:+.0%} and {mb / pb - 1:+.0%} off its curve (noisy "
+                    f"{_fmt(fig, mb)}), which sit {ma / pa - 1:+.1%} and {mb / pb - 1:+.1%} off its curve (noisy "
                     f"runs, or a shape the model misses): shown at {_fmt(fig, shown)}, between them, with a band "
                     "reaching the model's figure")
     note = (f"np {np_} (between the measured np {a} and {b}): " + "; ".join(said)) if said else ""
