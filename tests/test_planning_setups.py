@@ -93,7 +93,7 @@ def test_one_answer_per_setup_never_a_refusal(mixed: Store) -> None:
     assert answers[0].startswith(f"setup {SWEEP_SETUP}: Recommended np 4 (measured on b11312-sweep-np4: ")
     assert answers[0].endswith("from a model fitted on b11312-sweep-np1, b11312-sweep-np2, b11312-sweep-np4, "
                                "b11312-sweep-np8.")
-    assert "setup b4747 · tiny-llama-spm · -c 2048 · caps analyze=64,extract=192: No np in 4–4 meets every budget " \
+    assert "setup b4747 · tiny-llama-spm · -c 2048 · caps analyze=64,extract=192: np 4 does not meet every budget " \
            "(a model fitted on b4747-healthy)." in answers
     assert any(a.endswith("no prediction: no run has request timings on a clock (left out as broken: "
                           "b3605-deadslot, b3605-runaway) (record the harness's per-request send and end times, or "

@@ -60,7 +60,8 @@ def recommend_chart(rec: Recommendation) -> alt.HConcatChart:
     right = _panel(rec, LATENCY_FIGURES, "request latency (s)", ("request", "p95"))
     key = "dashed: predicted (shaded: its leave-one-np-out band); diamonds: measured; dotted: the budgets"
     return alt.hconcat(left, right).resolve_scale(color="independent").properties(
-        title={"text": "Predicted vs measured against np", "subtitle": [*textwrap.wrap(rec.sentence, 150), key]})
+        title={"text": "Predicted vs measured against np" + (f": {rec.setup}" if rec.setup else ""),
+               "subtitle": [*textwrap.wrap(rec.sentence, 150), key]})
 
 
 def recommend_charts(recs: list[Recommendation]) -> alt.VConcatChart | alt.HConcatChart:

@@ -402,7 +402,8 @@ def _words(rec: Recommendation, p: Planner, sweep: list[str]) -> tuple[str, list
     cap = f" with output cap {rec.cap}" if rec.cap is not None else ""
     rests = f"a model fitted on {', '.join(p.model.runs)}"
     if rec.np is None:
-        return (f"No np in {min(rows)}–{max(rows)} meets every budget{cap} ({rests}).", details)
+        which = f"np {min(rows)} does not meet" if len(rows) == 1 else f"No np in {min(rows)}–{max(rows)} meets"
+        return (f"{which} every budget{cap} ({rests}).", details)
     r = rows[rec.np]
     figs = ", ".join(f"{BUDGETS[n][1]} {fmt_s(r[BUDGETS[n][0]])}" + _range(r, BUDGETS[n][0])
                      + f" against {fmt_s(lim)}" for n, lim in rec.budgets.items())
