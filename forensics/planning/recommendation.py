@@ -1,16 +1,20 @@
 """``recommend``: which np (and which output cap) meets the smoke budgets, from runs already recorded.
 
-For every candidate np (by default the powers of two up to 16 and every np the sweep measured): the measured
-figures when a healthy run of the sweep ran there (and the cap, if one is asked for, would not have changed it),
-else the prediction: the median of the sweep's runs' workloads each replayed at that np (``predict.Planner``), with
-a band from the lower to the upper quartile of those replays (how much the runs' own workloads differ), widened by
-the model's leave-one-np-out error.  Each budget is checked as ``smoke`` checks it (run time: the manifest's
+One answer per setup (``recommend_all``; ``recommend`` for runs of one).  For every candidate np (by default the
+powers of two up to ``EXTRAPOLATE`` times the widest np measured, and every np measured): the measured figures when
+a healthy run of the setup ran there (the median of its healthy runs there; never a run whose outputs ran away; and
+the cap, if one is asked for, would not have changed it), else the prediction: the median of a sample of the
+setup's healthy workloads each replayed at that np (``predict.Planner``), with a band from the lower to the upper
+quartile of those replays (how much the runs' own workloads differ), widened by the model's leave-one-np-out error;
+between two measured np a prediction never beats both unless the model's own curve peaks there
+(``predict.sanity``).  Each budget is checked as ``smoke`` checks it (run time: the manifest's
 duration else the wall time; request: the longest request; p95) and, for a prediction, against the band too:
 ``pass`` (even the band's upper edge holds), ``likely pass`` (the prediction holds, its band's edge does not),
 ``likely fail``, ``fail``.  The recommendation is the np with the highest throughput whose every budget passes or
 likely passes, throughput ranked as the model has it at the sweep's typical speed (``ranked_tok_per_s``: on a
-shared machine a run on a quiet moment would otherwise win by luck); how sure it is says which budgets hold only
-inside the band.
+shared machine a run on a quiet moment would otherwise win by luck), an extrapolated np only when no measured or
+interpolated one meets the budgets, one beyond ``EXTRAPOLATE`` times the widest never; how sure it is says which
+budgets hold only inside the band.
 """
 
 from __future__ import annotations

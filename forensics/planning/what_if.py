@@ -1,7 +1,10 @@
 """``whatif``: a run's own workload replayed at another np and/or with an output cap, with error bands.
 
-The run's requests (``workload``) go through the cost model fitted on the store's healthy runs of the same model
-(``predict.planner``); each figure carries the band leave-one-np-out measured for predictions of its kind.  With
+The run's requests (``workload``) go through the cost model fitted on the store's runs of the run's setup
+(``predict.planner``: its healthy runs, and those whose outputs ran away, which still time the server); each figure
+carries the band leave-one-np-out measured for predictions of its kind, and what was measured at that np comes from
+the run itself or the setup's healthy runs.  Between two measured np a prediction never beats both unless the
+model's own curve peaks there (``predict.sanity``).  With
 a cap, the outputs it cuts are named by the cap finding's own rule (``findings.cut_by_cap``: normal responses at
 or above it, runaways past it), and the time saved is the run's duration times the relative saving the model
 predicts between the run with and without the cap (the model's own bias on this run cancels out); its band is the
