@@ -16,6 +16,7 @@ the UI off and the driver bound to 127.0.0.1 for a local master.  Install with `
 from __future__ import annotations
 
 import logging
+import functools
 import os
 import re
 import shutil
@@ -41,6 +42,7 @@ _SESSIONS: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------------------------- session
+@functools.lru_cache(maxsize=8)
 def _java_major(java: str) -> int | None:
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
@@ -84,12 +86,12 @@ def session(master: str | None = None, *, partitions: int | None = None, conf: M
     conf = dict(conf or {})
     java = conf.pop("java", "")
     master = master or os.environ.get("FORENSICS_SPARK_MASTER") or DEFAULT_MASTER
+    check_runtime()  # first: what the machine lacks is the answer, whatever ran before in this process
     if master in _SESSIONS:
         return _SESSIONS[master]
     if _SESSIONS:
         raise StoreError(f"a Spark session on {next(iter(_SESSIONS))} is running; cannot start one on {master}",
                          hint="use one --spark-master per process")
-    check_runtime()
     from pyspark.sql import SparkSession
 
     b = (SparkSession.builder.master(master).appName("llama-forensics")
