@@ -16,7 +16,6 @@ the UI off and the driver bound to 127.0.0.1 for a local master.  Install with `
 from __future__ import annotations
 
 import logging
-import functools
 import os
 import re
 import shutil
@@ -42,7 +41,7 @@ _SESSIONS: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------------------------- session
-@functools.lru_cache(maxsize=8)
+@cache
 def _java_major(java: str) -> int | None:
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
