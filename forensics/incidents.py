@@ -98,6 +98,22 @@ def listing(df: pl.DataFrame) -> pl.DataFrame:
     return out.drop([c for c in out.columns if c not in keep and out[c].null_count() == out.height])
 
 
+def summary(df: pl.DataFrame, runs: int) -> str:
+    """The incidents in one sentence: how many of each kind, in how many runs, how many recovered."""
+    in_runs = f"the {runs} runs" if runs != 1 else "the run"
+    if df.height == 0:
+        return f"No incidents in {in_runs}."
+    counts = df.group_by("kind").len()
+    order = {k: i for i, k in enumerate(KINDS)}
+    parts = [f"{n} {KINDS.get(k, (k, k))[0 if n == 1 else 1]}" for k, n in
+             sorted(counts.iter_rows(), key=lambda kn: order.get(kn[0], len(order)))]
+    hit = df["run"].n_unique()
+    recovered = int(df["recovered"].fill_null(False).sum())
+    where = in_runs if runs == 1 else f"{hit} of {in_runs}"
+    return (f"{df.height} incident{'s' if df.height != 1 else ''} in {where}: {', '.join(parts)}; "
+            f"{recovered} recovered.")
+
+
 @dataclass
 class Precursors:
     """What set each kind's onsets apart: ``table`` its ranked features (one row per kind and feature; a kind with
@@ -172,7 +188,7 @@ def rank(inc: pl.DataFrame, reqs: pl.DataFrame, run_facts: pl.DataFrame, *, min_
     ``run_facts`` each run's build, context shift and np."""
     counts = inc.group_by("kind").len().sort("kind")
     if counts.height == 0:
-        sentence = f"No incidents in the {runs} run{'s' if runs != 1 else ''}: nothing to compare."
+        sentence = f"No incidents in {'the run' if runs == 1 else f'the {runs} runs'}: nothing to compare."
         return Precursors(pl.DataFrame(schema=PRECURSOR_SCHEMA), [sentence], runs)
     feats = request_features(reqs) if reqs.height else pl.DataFrame(
         schema={"req": pl.UInt32, "run": pl.String, "kind": pl.String, "feature": pl.String, "has": pl.Boolean})
@@ -191,7 +207,9 @@ def rank(inc: pl.DataFrame, reqs: pl.DataFrame, run_facts: pl.DataFrame, *, min_
                                            - pl.col("normal_with") / pl.col("normal")).alias("separation"))
     table = table.filter((pl.col("onsets_with") > 0) & (pl.col("separation") > 0)).join(
         counts.rename({"len": "incidents"}), on="kind").filter(pl.col("incidents") >= min_incidents)
-    table = table.sort(["kind", "separation", "onsets_with", "feature"], descending=[False, True, True, False]) \
+    # ties: the feature measured on more requests (or runs), then on more onsets, then by name
+    table = table.sort(["kind", "separation", "normal", "onsets_with", "feature"],
+                       descending=[False, True, True, True, False]) \
         .with_columns(pl.int_range(1, pl.len() + 1).over("kind").cast(pl.Int64).alias("rank"))
     table = _with_sentences(table)
     sentences = _kind_sentences(counts, table, min_incidents)
