@@ -19,7 +19,7 @@ Library only: no click, no altair.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -67,18 +67,16 @@ def _bind(session: Analysis, runs: list[str]) -> None:
     for name in FINDINGS:
         session.register(f"fx_{name}", session.rows(name, runs=runs))
     session.prepare(runs)
-    for table in ("run_facts", "instance_facts"):
-        if session.stored is not None and session.stored.has(table, runs):
-            from forensics.store import fetch_pl
+    if session.stored is not None and session.stored.has("run_facts", runs):
+        from forensics.store import fetch_pl
 
-            session.bind([table])
+        session.bind(["run_facts", "instance_facts"])
+        for table in ("run_facts", "instance_facts"):
             session.register(f"fx_{table}", fetch_pl(session.con, f"SELECT * FROM {table} WHERE run IN "
                                                                   "(SELECT unnest($runs))", {"runs": runs}))
-        else:
-            from forensics.analyse import frames_of
-
-            frame = frames_of(session.store, runs)[table]
-            session.register(f"fx_{table}", frame)
+    else:  # not derived yet (a live session, a store another process holds): the same rules, worked out here
+        session.register("fx_run_facts", session.query("run_setup", runs=runs))
+        session.con.execute("CREATE OR REPLACE TEMP VIEW fx_instance_facts AS SELECT * FROM fx_instances")
 
 
 def incidents(source: Store | Analysis, runs: str | list[str] | None = None) -> pl.DataFrame:
@@ -123,6 +121,7 @@ class Precursors:
     table: pl.DataFrame
     sentences: list[str]
     runs: int
+    by_kind: dict[str, str] = field(default_factory=dict)  # each kind's sentence
 
     def found(self) -> int:
         return int(self.table.filter(pl.col("separation") >= SEPARATES).height)
@@ -146,6 +145,13 @@ def precursors(source: Store | Analysis, runs: str | list[str] | None = None, *,
         reqs = fetch_pl(s.con, load_query("precursors").text, params)
         run_facts = fetch_pl(s.con, "SELECT run, build, context_shift, np FROM fx_run_facts")
     return rank(inc, reqs, run_facts, min_incidents=min_incidents, runs=len(names))
+
+
+def seen_so_far(store: Store) -> dict[str, str]:
+    """Each kind's precursor sentence over every run of ``store`` so far (what watch adds to a new incident's alert):
+    its first feature, or that there are too few incidents, or that nothing sets them apart."""
+    got = precursors(store)
+    return got.by_kind
 
 
 def _bad(s: Analysis) -> pl.DataFrame:
@@ -199,7 +205,7 @@ def rank(inc: pl.DataFrame, reqs: pl.DataFrame, run_facts: pl.DataFrame, *, min_
         "kind", "feature").agg(pl.col("has").sum().alias("normal_with"), pl.col("req").n_unique().alias("normal"))
     by_request = onset.join(normal, on=["kind", "feature"], how="left").with_columns(
         pl.lit("normal requests").alias("compared_with"))
-    by_run = _by_run(inc, run_facts)
+    by_run = _by_run(inc, run_facts, min_incidents)
     table = pl.concat([by_request.select(by_run.columns).cast(by_run.schema), by_run]).with_columns(
         pl.col("normal_with").fill_null(0), pl.col("normal").fill_null(0))
     table = table.with_columns(
@@ -218,16 +224,19 @@ def rank(inc: pl.DataFrame, reqs: pl.DataFrame, run_facts: pl.DataFrame, *, min_
         counts.rename({"len": "incidents"}), on="kind")
     out = pl.concat([table, empty], how="diagonal_relaxed").select(list(PRECURSOR_SCHEMA)).cast(
         PRECURSOR_SCHEMA)  # type: ignore[arg-type]
-    return Precursors(out.sort(["kind", "rank"], nulls_last=True), list(sentences.values()), runs)
+    return Precursors(out.sort(["kind", "rank"], nulls_last=True), list(sentences.values()), runs, sentences)
 
 
-def _by_run(inc: pl.DataFrame, run_facts: pl.DataFrame) -> pl.DataFrame:
-    """Run-level features: each incident's run against the runs of the selection without an incident of its kind."""
+def _by_run(inc: pl.DataFrame, run_facts: pl.DataFrame, min_incidents: int) -> pl.DataFrame:
+    """Run-level features, counted in runs: the runs with an incident of the kind against the runs of the selection
+    without one (a kind seen in fewer than ``min_incidents`` runs tells nothing of its runs: no row)."""
     rfeat = run_features(run_facts)
-    onset = inc.select("kind", "run").with_row_index("i").join(rfeat, on="run").group_by("kind", "feature").agg(
-        pl.col("has").sum().alias("onsets_with"), pl.col("i").n_unique().alias("onsets"))
-    kinds = inc.select("kind").unique()
-    without = kinds.join(rfeat, how="cross").join(inc.select("kind", "run").unique(), on=["kind", "run"], how="anti")
+    hit = inc.select("kind", "run").unique()
+    enough = hit.group_by("kind").len().filter(pl.col("len") >= min_incidents).select("kind")
+    hit = hit.join(enough, on="kind")
+    onset = hit.join(rfeat, on="run").group_by("kind", "feature").agg(
+        pl.col("has").sum().alias("onsets_with"), pl.col("run").n_unique().alias("onsets"))
+    without = enough.join(rfeat, how="cross").join(hit, on=["kind", "run"], how="anti")
     normal = without.group_by("kind", "feature").agg(pl.col("has").sum().alias("normal_with"),
                                                      pl.col("run").n_unique().alias("normal"))
     cols = ["kind", "feature", "onsets_with", "onsets", "normal_with", "normal", "compared_with"]
@@ -244,10 +253,10 @@ def describe(feature: str) -> tuple[str, str]:
     if name == "stage":
         return f"the request was at stage {value}", "were"
     if name == "build":
-        return f"the run was on build {value}", "were"
+        return f"it was on build {value}", "were"
     if name == "np":
-        return f"the run had {value} parallel slots", "did"
-    return f"the run had context shift {value}", "did"
+        return f"it had {value} parallel slots", "did"
+    return f"it had context shift {value}", "did"
 
 
 def _with_sentences(table: pl.DataFrame) -> pl.DataFrame:
@@ -257,9 +266,15 @@ def _with_sentences(table: pl.DataFrame) -> pl.DataFrame:
                           "verb": [describe(f)[1] for f in names]}, schema={"feature": pl.String, "what": pl.String,
                                                                             "verb": pl.String})
     adj = pl.col("kind").replace_strict({k: v[2] for k, v in KINDS.items()}, default=pl.col("kind"))
+    one = pl.col("kind").replace_strict({k: v[0] for k, v in KINDS.items()}, default=pl.col("kind"))
+    by_run = pl.col("compared_with") == "runs without one"
     return table.join(words, on="feature", how="left").with_columns(
-        pl.format("In {} of {} {} onsets {}; {} of {} {} {}.", pl.col("onsets_with"), pl.col("onsets"), adj,
-                  pl.col("what"), pl.col("normal_with"), pl.col("normal"), pl.col("compared_with"), pl.col("verb"))
+        pl.when(by_run).then(pl.format("In {} of {} runs with a {} {}; {} of {} runs without one {}.",
+                                       pl.col("onsets_with"), pl.col("onsets"), one, pl.col("what"),
+                                       pl.col("normal_with"), pl.col("normal"), pl.col("verb")))
+        .otherwise(pl.format("In {} of {} {} onsets {}; {} of {} normal requests {}.", pl.col("onsets_with"),
+                             pl.col("onsets"), adj, pl.col("what"), pl.col("normal_with"), pl.col("normal"),
+                             pl.col("verb")))
         .alias("sentence")).drop("what", "verb")
 
 
