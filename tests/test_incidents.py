@@ -181,3 +181,15 @@ def test_real_runaways_were_the_uncapped_requests(real_store: Store) -> None:
     res = inc.precursors(real_store)
     first = res.table.filter(pl.col("kind") == "runaway").row(0, named=True)
     assert (first["feature"], first["onsets_with"], first["normal_with"]) == ("no_cap", first["onsets"], 0)
+
+
+def test_the_stored_analysis_and_a_fresh_one_agree(real_store: Store) -> None:
+    """One truth: the incidents and precursors read from the store's analysis are those worked out afresh."""
+    from forensics.session import Analysis
+
+    stored = inc.incidents(real_store)
+    with Analysis.open(real_store, stored=False) as fresh:
+        again = inc.incidents(fresh)
+        pre = inc.precursors(fresh)
+    assert stored.height and stored.equals(again)
+    assert pre.table.equals(inc.precursors(real_store).table)

@@ -34,8 +34,8 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 @click.pass_context
-def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, before: int, min_incidents: int,
-              fail_on: str, fmt: str, store_path: Path | None) -> None:
+def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, fail_on: str, fmt: str,
+              store_path: Path | None, **knobs: int) -> None:
     """Every dead slot, runaway, crash, KV-cache stall and failover of RUN... (every run when none is named), one
     row each: its run, instance, slot, onset, first abnormal request, what it cost (requests, items, seconds,
     tokens) and whether the slot or server recovered; read from the stored analysis.  stdout: the rows (with
@@ -48,7 +48,7 @@ def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, befor
     store = cli_mod.open_store(store_path)
     names = asked(store, runs, "requests", "incidents")
     if precursors:
-        res = inc.precursors(store, names, before=before, min_incidents=min_incidents)
+        res = inc.precursors(store, names, before=knobs["before"], min_incidents=knobs["min_incidents"])
         table = res.table.drop("sentence") if fmt == "table" else res.table
         render(table.filter(table["feature"].is_not_null()) if fmt == "table" else table, fmt, sys.stdout)
         for sentence in res.sentences:
