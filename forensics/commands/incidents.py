@@ -4,7 +4,7 @@ each; ``--precursors``: what the onsets of each kind had in common (``forensics.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,8 +34,7 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 @click.pass_context
-def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, fail_on: str, fmt: str,
-              store_path: Path | None, **knobs: int) -> None:
+def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, fmt: str, **opts: Any) -> None:
     """Every dead slot, runaway, crash, KV-cache stall and failover of RUN... (every run when none is named), one
     row each: its run, instance, slot, onset, first abnormal request, what it cost (requests, items, seconds,
     tokens) and whether the slot or server recovered; read from the stored analysis.  stdout: the rows (with
@@ -45,10 +44,11 @@ def incidents(ctx: click.Context, runs: tuple[str, ...], precursors: bool, fail_
     from forensics.commands.findings import asked, gate
     from forensics.render import render
 
-    store = cli_mod.open_store(store_path)
+    store, fail_on = cli_mod.open_store(opts["store_path"]), str(opts["fail_on"])
     names = asked(store, runs, "requests", "incidents")
     if precursors:
-        res = inc.precursors(store, names, before=knobs["before"], min_incidents=knobs["min_incidents"])
+        res = inc.precursors(store, names, before=int(opts["before"]),
+                             min_incidents=int(opts["min_incidents"]))
         table = res.table.drop("sentence") if fmt == "table" else res.table
         render(table.filter(table["feature"].is_not_null()) if fmt == "table" else table, fmt, sys.stdout)
         for sentence in res.sentences:
