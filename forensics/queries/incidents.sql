@@ -34,34 +34,37 @@ WITH req AS NOT MATERIALIZED (
 ),
 lost AS (SELECT DISTINCT run, item, stage FROM fx_missing),
 dead_first AS (
-    SELECT * FROM fx_dead_slot_sequence
-    WHERE dead_seq IS NOT NULL AND seq = dead_seq
-    QUALIFY row_number() OVER (PARTITION BY run, instance, slot ORDER BY line_first) = 1
+    SELECT * FROM (
+        SELECT s.*, row_number() OVER (PARTITION BY s.run, s.instance, s.slot ORDER BY s.line_first) AS nth
+        FROM fx_dead_slot_sequence s WHERE s.dead_seq IS NOT NULL AND s.seq = s.dead_seq) d
+    WHERE nth = 1
 ),
 dead_cost AS (
     SELECT s.run, s.instance, s.slot, sum(s.seconds) AS seconds, sum(s.gen_tokens) AS tokens
     FROM fx_dead_slot_sequence s
     WHERE s.abnormal AND s.dead_seq IS NOT NULL AND s.seq >= s.dead_seq
-    GROUP BY ALL
+    GROUP BY s.run, s.instance, s.slot
 ),
 dead AS (
     SELECT d.run, 'dead_slot' AS kind, d.instance, d.slot, d.t_start AS onset, d.elapsed_start_s AS since_start_s,
-           d.task, d.seq, d.item, d.stage, d.requests_affected AS requests, d.items_lost AS items,
-           c.seconds, c.tokens, d.recovered, d.dead_why AS why, d.path, d.line_first AS line
+           d.task, d.seq, d.item, d.stage, CAST(d.requests_affected AS BIGINT) AS requests,
+           CAST(d.items_lost AS BIGINT) AS items, CAST(c.seconds AS DOUBLE) AS seconds, CAST(c.tokens AS BIGINT) AS tokens,
+           d.recovered, d.dead_why AS why, d.path, d.line_first AS line
     FROM dead_first d
-    LEFT JOIN dead_cost c USING (run, instance, slot)
+    LEFT JOIN dead_cost c ON c.run = d.run AND c.instance = d.instance AND c.slot = d.slot
 ),
 next_on_slot AS (
-    SELECT run, instance, slot, task, lead(clean) OVER w AS next_clean, lead(seq) OVER w AS next_seq
-    FROM req
-    SEMI JOIN (SELECT DISTINCT run, instance, slot FROM fx_runaway) x USING (run, instance, slot)
-    WINDOW w AS (PARTITION BY run, instance, slot ORDER BY seq, line_first)
+    SELECT r.run, r.instance, r.slot, r.task, lead(r.clean) OVER w AS next_clean, lead(r.seq) OVER w AS next_seq
+    FROM req r
+    SEMI JOIN (SELECT DISTINCT run, instance, slot FROM fx_runaway) x
+           ON x.run = r.run AND x.instance = r.instance AND x.slot = r.slot
+    WINDOW w AS (PARTITION BY r.run, r.instance, r.slot ORDER BY r.seq, r.line_first)
 ),
 runaway AS (
     SELECT x.run, 'runaway' AS kind, x.instance, x.slot, r.t_start AS onset, r.elapsed_start_s AS since_start_s,
-           x.task, x.seq, x.item, x.stage, 1 AS requests,
-           CASE WHEN x.item IS NOT NULL THEN CAST(l.item IS NOT NULL AS INTEGER) END AS items,
-           coalesce(x.seconds, r.seconds) AS seconds, x.gen_tokens AS tokens,
+           x.task, x.seq, x.item, x.stage, CAST(1 AS BIGINT) AS requests,
+           CASE WHEN x.item IS NOT NULL THEN CASE WHEN l.item IS NOT NULL THEN 1 ELSE 0 END END AS items,
+           CAST(coalesce(x.seconds, r.seconds) AS DOUBLE) AS seconds, CAST(x.gen_tokens AS BIGINT) AS tokens,
            CASE WHEN n.next_seq IS NOT NULL THEN coalesce(n.next_clean, false) END AS recovered,
            x.why, x.path, x.line_first AS line
     FROM fx_runaway x
@@ -70,13 +73,15 @@ runaway AS (
     LEFT JOIN next_on_slot n ON n.run = x.run AND n.instance = x.instance AND n.slot = x.slot AND n.task = x.task
     LEFT JOIN lost l ON l.run = x.run AND l.item = x.item AND l.stage IS NOT DISTINCT FROM x.stage
 ),
+crashes AS (SELECT * FROM fx_crash WHERE phase <> 'shutdown'),
 crash_reqs AS (  -- the requests of a crashed instance started before its crash line
     SELECT c.run, c.instance, c.path, c.line_no, r.slot, r.task, r.seq, r.item, r.stage, r.gen_tokens,
-           r.line_first, r.t_start, r.t_end, r.elapsed_start_s, r.elapsed_end_s, NOT coalesce(r.complete, true) AS open_, l.item IS NOT NULL AS lost
-    FROM fx_crash c
+           r.line_first, coalesce(r.t_end, r.t_start) AS last_time,
+           coalesce(r.elapsed_end_s, r.elapsed_start_s) AS last_elapsed,
+           NOT coalesce(r.complete, true) AS open_, l.item IS NOT NULL AS lost
+    FROM crashes c
     JOIN req r ON r.run = c.run AND r.instance = c.instance AND r.path = c.path AND r.line_first < c.line_no
     LEFT JOIN lost l ON l.run = r.run AND l.item = r.item AND l.stage IS NOT DISTINCT FROM r.stage
-    WHERE c.phase <> 'shutdown'
 ),
 crash_first AS (
     SELECT run, instance, path, line_no,
@@ -86,20 +91,24 @@ crash_first AS (
            coalesce(arg_max(item, line_first) FILTER (WHERE open_), arg_max(item, line_first)) AS item,
            coalesce(arg_max(stage, line_first) FILTER (WHERE open_), arg_max(stage, line_first)) AS stage,
            count(*) FILTER (WHERE open_) AS requests,
-           count(DISTINCT item) FILTER (WHERE open_ AND lost) AS items, sum(gen_tokens) FILTER (WHERE open_) AS tokens,
-           max(coalesce(t_end, t_start)) AS last_time, max(coalesce(elapsed_end_s, elapsed_start_s)) AS last_elapsed
-    FROM crash_reqs GROUP BY ALL
+           count(DISTINCT CASE WHEN open_ AND lost THEN item END) AS items,
+           sum(gen_tokens) FILTER (WHERE open_) AS tokens, max(last_time) AS last_time, max(last_elapsed) AS last_elapsed
+    FROM crash_reqs GROUP BY run, instance, path, line_no
+),
+crash_after AS (  -- requests that ended ok after the crash in the same log: a restart served again
+    SELECT c.run, c.path, c.line_no, count(*) AS n
+    FROM crashes c JOIN req r ON r.run = c.run AND r.path = c.path AND r.line_first > c.line_last AND r.clean
+    GROUP BY c.run, c.path, c.line_no
 ),
 crash AS (
     SELECT c.run, 'crash' AS kind, c.instance, f.slot, coalesce(c.ts, f.last_time) AS onset,
-           coalesce(c.elapsed_s, f.last_elapsed) AS since_start_s, f.task, f.seq,
-           f.item, f.stage, coalesce(f.requests, 0) AS requests, f.items, CAST(NULL AS DOUBLE) AS seconds,
-           f.tokens, EXISTS (SELECT 1 FROM req r WHERE r.run = c.run AND r.path = c.path
-                             AND r.line_first > c.line_last AND r.clean) AS recovered,
+           coalesce(c.elapsed_s, f.last_elapsed) AS since_start_s, f.task, f.seq, f.item, f.stage,
+           CAST(coalesce(f.requests, 0) AS BIGINT) AS requests, CAST(f.items AS BIGINT) AS items,
+           CAST(NULL AS DOUBLE) AS seconds, CAST(f.tokens AS BIGINT) AS tokens, a.n IS NOT NULL AS recovered,
            c.message AS why, c.path, c.line_no AS line
-    FROM fx_crash c
-    LEFT JOIN crash_first f USING (run, instance, path, line_no)
-    WHERE c.phase <> 'shutdown'
+    FROM crashes c
+    LEFT JOIN crash_first f ON f.run = c.run AND f.instance = c.instance AND f.path = c.path AND f.line_no = c.line_no
+    LEFT JOIN crash_after a ON a.run = c.run AND a.path = c.path AND a.line_no = c.line_no
 ),
 stall_reqs AS (
     SELECT s.run, s.instance, s.path, s.line_no, r.slot, r.task, r.seq, r.item, r.stage, r.gen_tokens, r.line_first,
@@ -112,18 +121,25 @@ stall_reqs AS (
 stall_first AS (
     SELECT run, instance, path, line_no, arg_min(slot, line_first) AS slot, arg_min(task, line_first) AS task,
            arg_min(seq, line_first) AS seq, arg_min(item, line_first) AS item, arg_min(stage, line_first) AS stage,
-           count(DISTINCT item) FILTER (WHERE lost) AS items, sum(gen_tokens) AS tokens
-    FROM stall_reqs GROUP BY ALL
+           count(DISTINCT CASE WHEN lost THEN item END) AS items, sum(gen_tokens) AS tokens
+    FROM stall_reqs GROUP BY run, instance, path, line_no
+),
+stall_after AS (  -- requests released ok on the instance after the stall's last line
+    SELECT s.run, s.instance, s.path, s.line_no, count(*) AS n
+    FROM fx_kv_stall s JOIN req r ON r.run = s.run AND r.instance = s.instance AND r.path = s.path
+                                 AND r.line_last > s.line_last AND r.clean
+    GROUP BY s.run, s.instance, s.path, s.line_no
 ),
 stall AS (
     SELECT s.run, 'kv_stall' AS kind, s.instance, f.slot, s.first_ts AS onset, s.first_elapsed_s AS since_start_s,
-           f.task, f.seq, f.item, f.stage, s.requests, f.items,
-           coalesce(epoch(s.last_ts) - epoch(s.first_ts), s.last_elapsed_s - s.first_elapsed_s) AS seconds,
-           f.tokens, EXISTS (SELECT 1 FROM req r WHERE r.run = s.run AND r.instance = s.instance AND r.path = s.path
-                             AND r.line_last > s.line_last AND r.clean) AS recovered,
-           s.message AS why, s.path, s.line_no AS line
+           f.task, f.seq, f.item, f.stage, CAST(s.requests AS BIGINT) AS requests, CAST(f.items AS BIGINT) AS items,
+           CAST(coalesce(epoch(s.last_ts) - epoch(s.first_ts), s.last_elapsed_s - s.first_elapsed_s) AS DOUBLE)
+               AS seconds,
+           CAST(f.tokens AS BIGINT) AS tokens, a.n IS NOT NULL AS recovered, s.message AS why, s.path,
+           s.line_no AS line
     FROM fx_kv_stall s
-    LEFT JOIN stall_first f USING (run, instance, path, line_no)
+    LEFT JOIN stall_first f ON f.run = s.run AND f.instance = s.instance AND f.path = s.path AND f.line_no = s.line_no
+    LEFT JOIN stall_after a ON a.run = s.run AND a.instance = s.instance AND a.path = s.path AND a.line_no = s.line_no
 ),
 given_up AS (
     SELECT * FROM fx_failover WHERE failed_over OR outcome = 'timeout'
@@ -138,31 +154,53 @@ fail_first AS (
 fail_items AS (
     SELECT g.run, g.server, count(DISTINCT g.item) AS items FROM given_up g
     JOIN lost l ON l.run = g.run AND l.item = g.item AND l.stage IS NOT DISTINCT FROM g.stage
-    GROUP BY ALL
+    GROUP BY g.run, g.server
+),
+fail_after AS (  -- the server served ok after its last attempt given up on
+    SELECT f.run, f.server, count(*) AS n
+    FROM fail_first f JOIN req q ON q.run = f.run AND q.instance = f.server AND q.clean AND q.t_start > f.last_at
+    GROUP BY f.run, f.server
+),
+fail_req AS (  -- the first attempt's request, as the join tied it
+    SELECT * FROM (
+        SELECT f.run, f.server, r.slot, r.task, r.seq, r.elapsed_start_s,
+               row_number() OVER (PARTITION BY f.run, f.server ORDER BY r.line_first) AS nth
+        FROM fail_first f
+        JOIN req r ON r.run = f.run AND r.item = f.item AND r.stage = f.stage AND r.attempt = f.attempt) q
+    WHERE nth = 1
 ),
 failover AS (
-    SELECT f.run, 'failover' AS kind, f.server AS instance, r.slot, f.onset,
-           r.elapsed_start_s AS since_start_s, r.task, r.seq, f.item, f.stage, f.requests,
-           CASE WHEN EXISTS (SELECT 1 FROM lost l WHERE l.run = f.run) OR EXISTS (SELECT 1 FROM req q
-                WHERE q.run = f.run AND q.item IS NOT NULL) THEN coalesce(i.items, 0) END AS items,
-           f.seconds, CAST(NULL AS BIGINT) AS tokens,
-           EXISTS (SELECT 1 FROM req q WHERE q.run = f.run AND q.instance = f.server AND q.clean
-                   AND q.t_start > f.last_at) AS recovered,
-           f.timeouts || ' timed out, ' || f.moved || ' failed over' AS why,
-           split_part(f.evidence, ':', 1) AS path, TRY_CAST(split_part(f.evidence, ':', 2) AS BIGINT) AS line
+    SELECT f.run, 'failover' AS kind, f.server AS instance, r.slot, f.onset, r.elapsed_start_s AS since_start_s,
+           r.task, r.seq, f.item, f.stage, CAST(f.requests AS BIGINT) AS requests,
+           CAST(coalesce(i.items, 0) AS BIGINT) AS items, CAST(f.seconds AS DOUBLE) AS seconds,
+           CAST(NULL AS BIGINT) AS tokens, a.n IS NOT NULL AS recovered,
+           CAST(f.timeouts AS VARCHAR) || ' timed out, ' || CAST(f.moved AS VARCHAR) || ' failed over' AS why,
+           regexp_extract(f.evidence, '^(.*):[0-9]+$', 1) AS path,
+           CAST(regexp_extract(f.evidence, ':([0-9]+)$', 1) AS BIGINT) AS line
     FROM fail_first f
-    LEFT JOIN fail_items i USING (run, server)
-    LEFT JOIN req r ON r.run = f.run AND r.item = f.item AND r.stage = f.stage AND r.attempt = f.attempt
-    QUALIFY row_number() OVER (PARTITION BY f.run, f.server ORDER BY r.line_first NULLS LAST) = 1
+    LEFT JOIN fail_items i ON i.run = f.run AND i.server = f.server
+    LEFT JOIN fail_after a ON a.run = f.run AND a.server = f.server
+    LEFT JOIN fail_req r ON r.run = f.run AND r.server = f.server
 ),
 alls AS (
-    SELECT * FROM dead UNION ALL BY NAME SELECT * FROM runaway UNION ALL BY NAME SELECT * FROM crash
-    UNION ALL BY NAME SELECT * FROM stall UNION ALL BY NAME SELECT * FROM failover
+    SELECT run, kind, instance, slot, onset, since_start_s, task, seq, item, stage, requests, items, seconds, tokens,
+           recovered, why, path, line FROM dead
+    UNION ALL
+    SELECT run, kind, instance, slot, onset, since_start_s, task, seq, item, stage, requests, items, seconds, tokens,
+           recovered, why, path, line FROM runaway
+    UNION ALL
+    SELECT run, kind, instance, slot, onset, since_start_s, task, seq, item, stage, requests, items, seconds, tokens,
+           recovered, why, path, line FROM crash
+    UNION ALL
+    SELECT run, kind, instance, slot, onset, since_start_s, task, seq, item, stage, requests, items, seconds, tokens,
+           recovered, why, path, line FROM stall
+    UNION ALL
+    SELECT run, kind, instance, slot, onset, since_start_s, task, seq, item, stage, requests, items, seconds, tokens,
+           recovered, why, path, line FROM failover
 )
 SELECT a.run, a.kind, a.instance, a.slot, a.onset, round(a.since_start_s, 3) AS since_start_s, a.task, a.seq, a.item,
-       a.stage, CAST(a.requests AS BIGINT) AS requests, CAST(a.items AS BIGINT) AS items,
-       round(a.seconds, 3) AS seconds, CAST(a.tokens AS BIGINT) AS tokens, a.recovered, a.why, f.build, a.path,
-       CAST(a.line AS BIGINT) AS line
+       a.stage, a.requests, CAST(a.items AS BIGINT) AS items, round(a.seconds, 3) AS seconds, a.tokens, a.recovered,
+       a.why, f.build, a.path, CAST(a.line AS BIGINT) AS line
 FROM alls a
 LEFT JOIN fx_run_facts f ON f.run = a.run
 WHERE a.run IN (SELECT unnest($runs))

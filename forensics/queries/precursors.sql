@@ -26,7 +26,7 @@
 --   $late_s DOUBLE.  Relations: fx_requests (request_facts), fx_instance_facts (instance_facts), fx_onsets (run,
 --   kind, instance, slot, task), fx_bad (run, instance, slot, task: requests that are part of an incident).
 WITH req AS (
-    SELECT r.*, row_number() OVER () AS rid,
+    SELECT r.*, row_number() OVER (ORDER BY r.run, r.instance, r.slot, r.seq, r.line_first, r.task) AS rid,
            CASE WHEN r.t_start IS NOT NULL THEN epoch(r.t_end) ELSE r.elapsed_end_s END AS end_key
     FROM fx_requests r WHERE r.run IN (SELECT unnest($runs))
 ),
@@ -52,14 +52,15 @@ hist AS (
     WINDOW w AS (PARTITION BY r.run, r.instance, r.slot ORDER BY r.seq, r.line_first
                  ROWS BETWEEN $before PRECEDING AND 1 PRECEDING)
 ),
+bad AS (SELECT DISTINCT run, instance, slot, task FROM fx_bad),
 picked AS (
-    SELECT h.*, o.kind, o.kind IS NOT NULL AS onset
+    SELECT h.*, o.kind
     FROM hist h
     LEFT JOIN fx_onsets o ON o.run = h.run AND o.instance = h.instance AND o.slot IS NOT DISTINCT FROM h.slot
                          AND o.task IS NOT DISTINCT FROM h.task
-    WHERE o.kind IS NOT NULL
-       OR (h.clean AND NOT EXISTS (SELECT 1 FROM fx_bad b WHERE b.run = h.run AND b.instance = h.instance
-                                   AND b.slot IS NOT DISTINCT FROM h.slot AND b.task IS NOT DISTINCT FROM h.task))
+    LEFT JOIN bad b ON b.run = h.run AND b.instance = h.instance AND b.slot IS NOT DISTINCT FROM h.slot
+                   AND b.task IS NOT DISTINCT FROM h.task
+    WHERE o.kind IS NOT NULL OR (h.clean AND b.run IS NULL)
 )
 SELECT p.run, p.kind, p.instance, p.slot, p.task, p.seq, p.stage,
        p.cap IS NULL AS no_cap,
@@ -73,6 +74,6 @@ SELECT p.run, p.kind, p.instance, p.slot, p.task, p.seq, p.stage,
        coalesce(p.prev_failed, false) AS prev_failed, coalesce(p.prev_no_cap, false) AS prev_no_cap,
        coalesce(p.prev_long, false) AS prev_long
 FROM picked p
-LEFT JOIN busy b USING (rid)
+LEFT JOIN busy b ON b.rid = p.rid
 LEFT JOIN fx_instance_facts i ON i.run = p.run AND i.instance_id = p.instance_id
 ORDER BY p.run, p.instance, p.slot, p.seq, p.line_first
