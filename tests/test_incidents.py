@@ -193,3 +193,11 @@ def test_the_stored_analysis_and_a_fresh_one_agree(real_store: Store) -> None:
         pre = inc.precursors(fresh)
     assert stored.height and stored.equals(again)
     assert pre.table.equals(inc.precursors(real_store).table)
+
+
+def test_the_incidents_read_registered_findings() -> None:
+    """The findings the incidents read are the registry's (a renamed finding breaks this, not a user's store)."""
+    from forensics import registry
+
+    assert set(inc.FINDINGS) <= set(registry.FINDINGS)
+    assert set(inc.KINDS) <= set(registry.FINDINGS)
