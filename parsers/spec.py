@@ -13,6 +13,7 @@ Supporting a new llama.cpp version or fork means adding rows to these files, not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -32,6 +33,9 @@ else:  # pragma: no cover
 from parsers.errors import FormatDefinitionError
 
 FORMATS_DIR = Path(__file__).parent / "formats"
+APP = "llama-forensics"  # the folder of ours in the user's cache folder
+CACHE_ENV = "FORENSICS_CACHE_DIR"  # a folder for the formats cache instead of it; set empty: no cache
+CACHE_KEEP = 8  # cache files kept in that folder
 FIELD_TYPES = {"int", "float", "str", "bool"}
 DATA_FILES = {"fields.toml", "wrappers.toml", "frames.toml"}
 # What a line can mean for the request it belongs to (parsers/assemble.py reads these).
@@ -219,9 +223,9 @@ def load_format(path: Path, check: bool = True) -> Format:
 def load_formats() -> dict[str, Format]:
     """All built-in formats by name (file name order).
 
-    Read from the format files once per content of them: the result is kept beside them (as Python keeps its
-    bytecode), under a digest of every format file, of this module and of both regex engines' versions, so an
-    edited file, or another polars, reads and checks them again.  A process that finds it reads no TOML and
+    Read from the format files once per content of them: the result is kept in the user's cache folder
+    (``cache_dir``), under a digest of every format file, of this module and of both regex engines' versions, so
+    an edited file, or another polars, reads and checks them again.  A process that finds it reads no TOML and
     compiles no regex here."""
     cache_path = _cache_path()
     cached = _read_cache(cache_path)
@@ -259,12 +263,36 @@ def _engine_versions() -> str:
     return f"{' '.join(found)} regex {regex.__version__}"
 
 
+def cache_dir() -> Path | None:
+    """Where the loaded formats are kept between processes: ``$FORENSICS_CACHE_DIR`` when set (set empty: nowhere),
+    else the user's cache folder as each platform has it (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux and the
+    other Unixes, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows) with ``llama-forensics`` in it;
+    None when there is none.  Never the installed package, so ``pip uninstall`` leaves nothing of ours there."""
+    env = os.environ.get(CACHE_ENV)
+    if env is not None:
+        return Path(env).expanduser() if env.strip() else None
+    try:
+        if sys.platform == "win32":
+            local = os.environ.get("LOCALAPPDATA", "")
+            return Path(local) / APP / "Cache" if local else None
+        if sys.platform == "darwin":
+            return Path.home() / "Library" / "Caches" / APP
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        # the XDG rule: a relative path is invalid and is ignored
+        return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / APP
+    except RuntimeError:  # no home folder to be found
+        return None
+
+
 def _cache_path() -> Path | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
     h = hashlib.sha256(_engine_versions().encode())
     h.update(Path(__file__).read_bytes())
     for path in sorted(FORMATS_DIR.glob("*.toml")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return FORMATS_DIR / "__pycache__" / f"formats-{h.hexdigest()[:24]}.pickle"
+    return folder / f"formats-{h.hexdigest()[:24]}.pickle"
 
 
 def _read_cache(path: Path | None) -> dict[str, Format] | None:
@@ -278,13 +306,20 @@ def _read_cache(path: Path | None) -> dict[str, Format] | None:
 
 
 def _write_cache(path: Path, formats: dict[str, Format]) -> None:
-    try:  # a package folder that cannot be written to only means the next process reads the files again
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    """Keep ``formats`` at ``path``, and at most ``CACHE_KEEP`` such files in its folder (the newest: other
+    installs and older format files may share it).  A folder that cannot be made or written to only means the
+    next process reads the files again: nothing is written then."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(pickle.dumps(formats, protocol=pickle.HIGHEST_PROTOCOL))
         os.replace(tmp, path)
+        older = sorted(path.parent.glob("formats-*.pickle"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in older[CACHE_KEEP:]:
+            old.unlink(missing_ok=True)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _check_union(formats: list[Format]) -> None:

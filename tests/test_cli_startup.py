@@ -97,7 +97,7 @@ def test_the_cache_key_follows_the_format_files_and_the_engines(tmp_path: Path, 
         (copy / p.name).write_bytes(p.read_bytes())
     monkeypatch.setattr(spec, "FORMATS_DIR", copy)
     first = spec._cache_path()
-    assert first is not None and first.parent == copy / "__pycache__" and spec._cache_path() == first
+    assert first is not None and first.parent == spec.cache_dir() and spec._cache_path() == first
     edited = next(iter(sorted(copy.glob("*.toml"))))
     edited.write_text(edited.read_text() + "\n# an edit\n")
     assert spec._cache_path() != first
