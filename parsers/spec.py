@@ -6,8 +6,10 @@ release, timings, error, crash, ...).  Text kinds match the body of a plain line
 (``frame = "record"``) match the message of a JSON or key=value record (``frames.toml``) and read
 their fields from the record's keys, in any order.  Every format is always active (real logs mix
 them: a fork's own lines, library lines, a wrapper's lines); ``--format NAME`` restricts the kinds to
-one format and the shared ones.  The loader refuses a kind without samples, a regex that does not
-compile, a group or key that is not a declared field, an unknown role, and a kind name used twice.
+one format and the shared ones.  The files' shape is a JSON Schema (``parsers/schemas/format.schema.json`` and
+``fields.schema.json``, published for editors): the loader checks each file against it (a kind without samples,
+an unknown role or key, a value of the wrong type), then refuses a regex that does not compile, a group or key
+that is not a declared field, and a kind name used twice, each in one line naming the file and the kind.
 Supporting a new llama.cpp version or fork means adding rows to these files, not engine code.
 """
 
@@ -15,15 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pickle
 import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
+
+if TYPE_CHECKING:
+    import jsonschema
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,15 +42,21 @@ FORMATS_DIR = Path(__file__).parent / "formats"
 APP = "llama-forensics"  # the folder of ours in the user's cache folder
 CACHE_ENV = "FORENSICS_CACHE_DIR"  # a folder for the formats cache instead of it; set empty: no cache
 CACHE_KEEP = 8  # cache files kept in that folder
-FIELD_TYPES = {"int", "float", "str", "bool"}
+SCHEMAS_DIR = Path(__file__).parent / "schemas"  # the JSON Schemas of the format files and of fields.toml
 DATA_FILES = {"fields.toml", "wrappers.toml", "frames.toml"}
-# What a line can mean for the request it belongs to (parsers/assemble.py reads these).
-ROLES = {
-    "start", "synth_start", "release", "prompt", "prompt_alt", "truncate", "cache", "kv_trim", "timing_header",
-    "timing_prompt", "timing_eval", "timing_total", "progress", "error", "cancel", "context_shift",
-    "ctx_train_cap", "http", "proxy_http", "stop", "crash", "crash_detail", "listen", "startup", "failure", "other",
-    "general",  # a line of a layout no format knows, read by the general rule (general.toml)
-}
+
+
+def schema(name: str) -> dict[str, Any]:
+    """The JSON Schema ``name`` (``format`` or ``fields``) of ``parsers/schemas/``."""
+    with (SCHEMAS_DIR / f"{name}.schema.json").open("rb") as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+# What a line can mean for the request it belongs to (parsers/assemble.py reads these; "general": a line of a
+# layout no format knows, read by the general rule of general.toml), and the fields' types: the schemas say which.
+ROLES = frozenset(schema("format")["$defs"]["kind"]["properties"]["role"]["enum"])
+FIELD_TYPES = frozenset(schema("fields")["properties"]["fields"]["additionalProperties"]["properties"]["type"]["enum"])
 IDENTITY = {"slot", "task"}  # fields that say whose a line is, not a fact about it (a skipped line may name them)
 # Old format names that still work with --format.
 ALIASES = {"llama-2023-json": "llama-2023", "llama-2024-json": "llama-records", "llama-2024-text": "llama-records"}
@@ -118,16 +130,77 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 @cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    import jsonschema  # loaded when format files are read, not when their cache is
+
+    data = schema(name)
+    return jsonschema.validators.validator_for(data)(data)
+
+
+def check_schema(data: dict[str, Any], path: Path, name: str) -> None:
+    """Raise FormatDefinitionError (one line naming the file, the kind or field, and what is wrong) for the first
+    way, in file order, that ``data`` breaks the JSON Schema ``name``."""
+    errors = list(_validator(name).iter_errors(data))
+    if errors:
+        first = min(errors, key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
+        message, hint = _explain(first, data)
+        raise FormatDefinitionError(message, path=str(path), hint=hint)
+
+
+_TYPE_WORDS = {"string": "a string", "boolean": "true or false", "array": "a list", "object": "a table",
+               "integer": "an integer", "number": "a number"}
+
+
+def _explain(err: jsonschema.ValidationError, data: dict[str, Any]) -> tuple[str, str | None]:
+    """A schema error in the words of the format files: where (``kind 'name'``, ``[format]``, ``field 'x'``),
+    which key, what is wrong, and a hint."""
+    at = list(err.absolute_path)
+    value: Any = err.validator_value  # the stubs allow Unset: these validators always set it
+    instance: Any = err.instance
+    part: Any = err.schema
+    if at[:1] == ["kind"] and len(at) >= 2:
+        raw = data["kind"][at[1]] if isinstance(data.get("kind"), list) else {}
+        where = f"kind {raw.get('name') or '#' + str(at[1])!r}" if isinstance(raw, dict) else f"kind #{at[1]}"
+        key = ".".join(str(p) for p in at[2:])
+    elif at[:1] == ["fields"] and len(at) >= 2:
+        where, key = f"field {at[1]!r}", ".".join(str(p) for p in at[2:])
+    else:
+        where = f"[{at[0]}]" if at else "the file"
+        key = ".".join(str(p) for p in at[1:])
+    if err.validator == "required":
+        missing = next(r for r in value if r not in instance)
+        if where == "[format]" or (at == [] and missing == "format"):
+            return "missing [format] name", 'add [format] with name = "..."'
+        if at == [] and missing == "kind":
+            return "format declares no kinds", "add [[kind]] tables (docs/development.md)"
+        hint = "every kind needs at least one sample line" if missing == "samples" else None
+        return f"{where} has no {missing}", hint
+    if err.validator == "minItems":
+        if at == ["kind"]:
+            return "format declares no kinds", "add [[kind]] tables (docs/development.md)"
+        return f"{where} has no {key}", "every kind needs at least one sample line" if key == "samples" else None
+    if err.validator == "enum":
+        if where.startswith("field"):
+            return f"{where} has type {err.instance!r}", f"use one of {', '.join(sorted(value))}"
+        return f"{where} has unknown {key} {err.instance!r}", f"use one of {', '.join(sorted(value))}"
+    if err.validator == "additionalProperties":
+        known = sorted(part.get("properties", {}))
+        extra = sorted(set(instance) - set(known))
+        return f"{where} has unknown key {extra[0]!r}", f"keys: {', '.join(known)}" if known else None
+    if err.validator == "type":
+        wanted = " or ".join(_TYPE_WORDS.get(t, t) for t in ([value] if isinstance(value, str) else value))
+        return f"{where}{' ' + key if key else ''} must be {wanted}, not {err.instance!r}", None
+    if err.validator == "minLength":
+        return f"{where} {key} is empty", None
+    return f"{where}{' ' + key if key else ''}: {err.message}", None
+
+
+@cache
 def load_fields() -> dict[str, Field]:
     path = FORMATS_DIR / "fields.toml"
-    data = _read_toml(path).get("fields", {})
-    out: dict[str, Field] = {}
-    for name, spec in data.items():
-        if spec.get("type") not in FIELD_TYPES:
-            raise FormatDefinitionError(f"field {name!r} has type {spec.get('type')!r}", path=str(path),
-                                        hint=f"use one of {sorted(FIELD_TYPES)}")
-        out[name] = Field(name, spec["type"], spec.get("description", ""))
-    return out
+    data = _read_toml(path)
+    check_schema(data, path, "fields")
+    return {name: Field(name, spec["type"], spec.get("description", "")) for name, spec in data["fields"].items()}
 
 
 _GROUP = regex.compile(r"\(\?P<([A-Za-z_]\w*)>")
@@ -139,11 +212,11 @@ def expand(regex: str, macros: dict[str, str]) -> str:
     return regex
 
 
-def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, index: int, check: bool = True) -> Kind:
-    name = raw.get("name") or f"#{index}"
+def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, check: bool = True) -> Kind:
+    """One ``[[kind]]`` of a file its schema passed: what a schema cannot say is checked here (the regex is
+    anchored and compiles, its groups and keys are declared fields, a skipped kind captures nothing)."""
+    name = raw["name"]
     where = f"kind {name!r}"
-    if "regex" not in raw:
-        raise FormatDefinitionError(f"{where} has no regex", path=str(path))
     regex = expand(raw["regex"], macros)
     if not regex.startswith("^"):
         raise FormatDefinitionError(f"{where} regex is not anchored at the start (^)", path=str(path))
@@ -159,17 +232,9 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
         if g not in fields:
             raise FormatDefinitionError(f"{where} captures {g!r}, which fields.toml does not declare",
                                         path=str(path), hint="declare the field with its type")
-    samples = tuple(raw.get("samples", ()))
-    if not samples:
-        raise FormatDefinitionError(f"{where} has no samples", path=str(path),
-                                    hint="every kind needs at least one sample line")
+    samples = tuple(raw["samples"])
     role = raw.get("role", "other")
-    if role not in ROLES:
-        raise FormatDefinitionError(f"{where} has unknown role {role!r}", path=str(path),
-                                    hint=f"use one of {', '.join(sorted(ROLES))}")
     frame = raw.get("frame", "text")
-    if frame not in {"text", "record"}:
-        raise FormatDefinitionError(f"{where} has unknown frame {frame!r}", path=str(path), hint="text or record")
     skip = bool(raw.get("skip", False))
     if skip and (set(groups) | {k for k, _ in keys} | {k for k in (raw.get("anywhere") or {})}) - IDENTITY:
         raise FormatDefinitionError(f"{where} is skipped but captures fields", path=str(path),
@@ -207,13 +272,10 @@ def load_macros() -> dict[str, str]:
 def load_format(path: Path, check: bool = True) -> Format:
     """One format file; ``check``: compile every regex for both engines (most of the cost of loading it)."""
     data = _read_toml(path)
-    meta = data.get("format") or {}
-    if "name" not in meta:
-        raise FormatDefinitionError("missing [format] name", path=str(path), hint="add name = \"...\"")
+    check_schema(data, path, "format")
+    meta = data["format"]
     macros = {**load_macros(), **data.get("macros", {})}
-    kinds = tuple(_kind(raw, meta["name"], macros, path, i, check) for i, raw in enumerate(data.get("kind", [])))
-    if not kinds:
-        raise FormatDefinitionError("format declares no kinds", path=str(path))
+    kinds = tuple(_kind(raw, meta["name"], macros, path, check) for raw in data["kind"])
     return Format(name=meta["name"], title=meta.get("title", meta["name"]), kinds=kinds, source=str(path),
                   shared=bool(meta.get("shared", False)), eras=meta.get("eras", ""),
                   includes=tuple(meta.get("includes", ())))
@@ -290,6 +352,8 @@ def _cache_path() -> Path | None:
         return None
     h = hashlib.sha256(_engine_versions().encode())
     h.update(Path(__file__).read_bytes())
+    for path in sorted(SCHEMAS_DIR.glob("*.json")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     for path in sorted(FORMATS_DIR.glob("*.toml")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return folder / f"formats-{h.hexdigest()[:24]}.pickle"

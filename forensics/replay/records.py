@@ -164,8 +164,9 @@ def _error_message(err: jsonschema.ValidationError) -> str:
     return err.message
 
 
-def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
-    """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+def schema_errors(kind: str, obj: Any) -> list[jsonschema.ValidationError]:
+    """Each way ``obj`` breaks the ``kind`` schema of ``forensics/schemas/`` (``manifest``, ``attempt``,
+    ``mapping``), in document order: none at the cost of the compiled check when it is valid."""
     import fastjsonschema
 
     try:
@@ -173,7 +174,12 @@ def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
         return []
     except fastjsonschema.JsonSchemaException:
         pass
-    errs = sorted(validator(kind).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return sorted(validator(kind).iter_errors(obj), key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
+
+
+def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
+    """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+    errs = sorted(schema_errors(kind, obj), key=lambda e: [str(p) for p in e.absolute_path])
     return [(_error_field(e), _error_message(e)) for e in errs]
 
 
