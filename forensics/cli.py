@@ -29,6 +29,8 @@ from forensics.commands.options import (  # noqa: F401  (the names commands used
 )
 from forensics.errors import ExitCode, ForensicsError, InternalError, bug_boundary
 
+FORMATS_ENV = "FORENSICS_FORMATS"  # parsers.spec.FORMATS_ENV: the parsers load only when a command reads a log
+
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
                    "demo", "watch", "mapping", "export", "planning")
@@ -88,8 +90,12 @@ def usage_line(exc: click.UsageError) -> str:
 @click.option("--store", "stores", multiple=True,
               help="Store directory for the command (repeatable; the command's own --store wins; default: "
                    "$FORENSICS_STORE, else ./forensics-store).")
+@click.option("--formats", "formats", multiple=True, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, resolve_path=True),
+              help="A folder of your own format files (a fork's lines) read beside the built-in ones; repeatable "
+                   "(default: $FORENSICS_FORMATS, folders separated by the path separator).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
+def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...], formats: tuple[str, ...]) -> None:
     """Forensics for llama-server logs and batch replay runs.
 
     \b
@@ -105,8 +111,20 @@ def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
     3 internal error (a bug: --debug shows the traceback).
     """
     ctx.obj = {"debug": debug, "stores": list(stores)}
+    if formats:  # the parsers read the folders from the environment (so does any process started from here)
+        before = os.environ.get(FORMATS_ENV)
+        os.environ[FORMATS_ENV] = os.pathsep.join(formats)
+        ctx.call_on_close(lambda: _restore(FORMATS_ENV, before))
     if debug:
         os.environ["FORENSICS_DEBUG"] = "1"  # the library prints the traceback of a bug it recovers from
+
+
+def _restore(name: str, value: str | None) -> None:
+    """Put back an environment variable as it was before a command (several commands may run in one process)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 for _name in COMMAND_MODULES:

@@ -39,6 +39,7 @@ else:  # pragma: no cover
 from parsers.errors import FormatDefinitionError
 
 FORMATS_DIR = Path(__file__).parent / "formats"
+FORMATS_ENV = "FORENSICS_FORMATS"  # the user's own formats folders (os.pathsep between them); `--formats DIR`
 APP = "llama-forensics"  # the folder of ours in the user's cache folder
 CACHE_ENV = "FORENSICS_CACHE_DIR"  # a folder for the formats cache instead of it; set empty: no cache
 CACHE_KEEP = 8  # cache files kept in that folder
@@ -195,12 +196,45 @@ def _explain(err: jsonschema.ValidationError, data: dict[str, Any]) -> tuple[str
     return f"{where}{' ' + key if key else ''}: {err.message}", None
 
 
-@cache
+def user_dirs() -> tuple[Path, ...]:
+    """The user's own formats folders, from ``$FORENSICS_FORMATS`` (``--formats DIR`` sets it): format files of
+    a fork's lines, and a ``fields.toml`` of their new fields, read after the built-in ones without editing the
+    installed package."""
+    raw = os.environ.get(FORMATS_ENV, "")
+    return tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip())
+
+
+def _user_files(folder: Path) -> list[Path]:
+    """A user's formats folder's TOML files; it must be a folder, and may not replace frames or wrappers."""
+    if not folder.is_dir():
+        raise FormatDefinitionError("no such formats folder", path=str(folder),
+                                    hint=f"--formats DIR and ${FORMATS_ENV} name folders of format files")
+    files = sorted(folder.glob("*.toml"))
+    for path in files:
+        if path.name in DATA_FILES - {"fields.toml"}:
+            raise FormatDefinitionError(f"{path.name} cannot be replaced from a formats folder", path=str(path),
+                                        hint="a formats folder holds format files and a fields.toml of new fields")
+    return files
+
+
 def load_fields() -> dict[str, Field]:
-    path = FORMATS_DIR / "fields.toml"
-    data = _read_toml(path)
-    check_schema(data, path, "fields")
-    return {name: Field(name, spec["type"], spec.get("description", "")) for name, spec in data["fields"].items()}
+    """Every typed field: ``fields.toml``'s, and those the user's formats folders add (``user_dirs``)."""
+    return _fields(user_dirs())
+
+
+@cache
+def _fields(dirs: tuple[Path, ...]) -> dict[str, Field]:
+    out: dict[str, Field] = {}
+    for path in [FORMATS_DIR / "fields.toml", *(d / "fields.toml" for d in dirs if (d / "fields.toml").exists())]:
+        data = _read_toml(path)
+        check_schema(data, path, "fields")
+        for name, spec in data["fields"].items():
+            if name in out and out[name].type != spec["type"]:
+                raise FormatDefinitionError(f"field {name!r} has type {spec['type']!r}, but it is declared as "
+                                            f"{out[name].type!r} already", path=str(path),
+                                            hint="use the declared type, or another name")
+            out.setdefault(name, Field(name, spec["type"], spec.get("description", "")))
+    return out
 
 
 _GROUP = regex.compile(r"\(\?P<([A-Za-z_]\w*)>")
@@ -281,22 +315,32 @@ def load_format(path: Path, check: bool = True) -> Format:
                   includes=tuple(meta.get("includes", ())))
 
 
-@cache
 def load_formats() -> dict[str, Format]:
-    """All built-in formats by name (file name order).
+    """Every format by name: the built-in ones (file name order), then the user's (``user_dirs``)."""
+    return _formats(user_dirs())
+
+
+def is_users(fmt: Format) -> bool:
+    """The format comes from a user's formats folder, not from the package."""
+    return Path(fmt.source).parent != FORMATS_DIR
+
+
+@cache
+def _formats(dirs: tuple[Path, ...]) -> dict[str, Format]:
+    """The formats of the package's folder and of ``dirs``, by name.
 
     Read from the format files once per content of them: the result is kept in the user's cache folder
     (``cache_dir``), under a digest of every format file, of this module and of both regex engines' versions, so
     an edited file, or another polars, reads and checks them again.  A process that finds it reads no TOML and
     compiles no regex here."""
-    cache_path = _cache_path()
+    files = [p for p in sorted(FORMATS_DIR.glob("*.toml")) if p.name not in DATA_FILES]
+    files += [p for d in dirs for p in _user_files(d) if p.name != "fields.toml"]
+    cache_path = _cache_path(dirs)
     cached = _read_cache(cache_path)
     if cached is not None:
         return cached
     out: dict[str, Format] = {}
-    for path in sorted(FORMATS_DIR.glob("*.toml")):
-        if path.name in DATA_FILES:
-            continue
+    for path in files:
         fmt = load_format(path)
         if fmt.name in out:
             raise FormatDefinitionError(f"format {fmt.name!r} is declared twice", path=str(path))
@@ -346,7 +390,7 @@ def cache_dir() -> Path | None:
         return None
 
 
-def _cache_path() -> Path | None:
+def _cache_path(dirs: tuple[Path, ...] = ()) -> Path | None:
     folder = cache_dir()
     if folder is None:
         return None
@@ -354,8 +398,8 @@ def _cache_path() -> Path | None:
     h.update(Path(__file__).read_bytes())
     for path in sorted(SCHEMAS_DIR.glob("*.json")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    for path in sorted(FORMATS_DIR.glob("*.toml")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in [*sorted(FORMATS_DIR.glob("*.toml")), *(p for d in dirs for p in sorted(d.glob("*.toml")))]:
+        h.update(str(path if path.parent != FORMATS_DIR else path.name).encode() + b"\0" + path.read_bytes())
     return folder / f"formats-{h.hexdigest()[:24]}.pickle"
 
 
@@ -410,14 +454,20 @@ def format_names() -> list[str]:
     return [n for n, f in load_formats().items() if not f.shared]
 
 
-@cache
 def grammar(name: str | None = None) -> Format:
-    """The kinds one ingest uses: every format (``name`` None), or format ``name`` plus the shared ones.
+    """The kinds one ingest uses: every format (``name`` None), or format ``name`` plus the shared ones (the
+    user's formats folders' included)."""
+    return _grammar(name, user_dirs())
+
+
+@cache
+def _grammar(name: str | None, dirs: tuple[Path, ...]) -> Format:
+    """``grammar``, for the formats of the package and of ``dirs``.
 
     Specific kinds come first, then the catch-alls (each file's in file order, the weak ones last), so a
     catch-all of one format never takes a line that another format's specific kind knows.
     """
-    formats = load_formats()
+    formats = _formats(dirs)
     if name is not None:
         name = ALIASES.get(name, name)
         if name not in formats or formats[name].shared:
