@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     FINDINGS = 1  # a --fail-on gate tripped, or a smoke budget failed
     USAGE = 2  # bad options or bad input
     INTERNAL = 3  # a bug: an unexpected error (one line asking for a bug report; --debug shows the traceback)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it), or watch told to stop twice
 
 
 class ForensicsError(Exception):
