@@ -39,14 +39,14 @@ import polars as pl
 
 from forensics import schema
 from forensics.errors import NotFoundError, StoreError
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
 from forensics.paths import default_store_path as default_store_path
 
 if TYPE_CHECKING:
     import duckdb
 else:  # loaded when a query runs: an ingest writes Parquet and needs no SQL engine (forensics.lazy)
-    duckdb = LazyModule("duckdb")
+    duckdb = lazy_import("duckdb")
 
 MANIFEST = "_manifest.json"
 PACKS_DIR = "packs"  # <table>/packs/<pack>.parquet: many parts' rows in one file (``compact``)
