@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 import click
 
+from forensics import schema
 from forensics.commands import options as cli_mod
 
 
@@ -158,7 +159,12 @@ def _at(at: Any) -> str | None:
             f"requests {at.requests:,}")
 
 
-@click.command(epilog="""\b
+SQL_HELP = (f"Run a SQL QUERY (DuckDB) over the store's tables ({', '.join(schema.TABLES)}) and the analysis' "
+            f"tables ({', '.join(schema.DERIVED)}, and finding_<name> for each finding); docs/tables.md has their "
+            "columns.")
+
+
+@click.command(help=SQL_HELP, short_help="Run a SQL QUERY (DuckDB) over the store's tables.", epilog="""\b
 Examples:
   forensics sql "select slot, count(*) n, sum(gen_tokens) from requests group by slot"
   forensics sql "select * from unparsed limit 20" --format csv
@@ -167,8 +173,7 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 def sql(query: str, fmt: str, store_path: Path | None) -> None:
-    """Run a SQL QUERY (DuckDB) over the store's tables: files, instances, events, requests, unparsed, runs,
-    attempts, items."""
+    # the help names the tables from forensics.schema (SQL_HELP): one list, never a second one to keep
     from forensics.render import render
     from forensics.sql import run_sql
 

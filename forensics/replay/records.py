@@ -423,7 +423,7 @@ class _Builder:
         out = Records(errors=self.errors, notes=self.words.notes() + self.notes)
         if self.runs_rows:
             out.runs = schema.conform(pl.DataFrame(self.runs_rows, schema_overrides={
-                "started_at": schema.TS, "ended_at": schema.TS}, infer_schema_length=None), "runs")
+                "started_at": schema.polars_type(schema.TS), "ended_at": schema.polars_type(schema.TS)}, infer_schema_length=None), "runs")
         if self.att_rows:
             out.attempts = schema.conform(pl.DataFrame(self.att_rows, schema_overrides=_attempt_overrides(),
                                                        infer_schema_length=None), "attempts")
