@@ -3,8 +3,8 @@
 The parsers depend on nothing of ``forensics``, so the base lives here; ``forensics.errors`` re-exports these
 classes (the same classes, so ``except forensics.errors.InputError`` catches the reader's) and adds the rest.
 The CLI turns any of them into a one-line message on stderr and an exit code in one place
-(``forensics.cli.main``).  Every message names what went wrong, where (file and line when known) and the next
-step to take.
+(``forensics.cli.ForensicsGroup``).  Every message names what went wrong, where (file and line when known) and
+the next step to take.
 """
 
 from __future__ import annotations
