@@ -40,9 +40,9 @@ from forensics.errors import (
 from forensics.paths import file_id_of, file_stem, resolved
 from forensics.store import Store, run_of_part
 from parsers import assemble, reader
-from parsers.engine import Carry, ChunkResult, Engine
+from parsers.engine import Carry, ChunkResult, Engine, check_user_samples
 from parsers.reader import compression_of, iter_chunks, read_head
-from parsers.spec import Format, grammar, load_formats
+from parsers.spec import Format, grammar, load_formats, user_dirs
 
 if TYPE_CHECKING:
     from forensics.replay.mapping import Mapping
@@ -247,11 +247,15 @@ HEAD_LINES = 4000
 HEAD_BYTES = 256 * 1024
 
 
-@functools.cache
 def engine_for(forced: str | None) -> Engine:
-    """The engine of one set of kinds (every format's, or a forced format's), built once per process and shared by
-    format detection and parsing: building one costs more than reading a short log, and what it learns (the
-    order and routes of the kinds) only makes later files faster."""
+    """The engine of one set of kinds (every format's, or a forced format's; the user's formats folders' too), built
+    once per process and shared by format detection and parsing: building one costs more than reading a short log,
+    and what it learns (the order and routes of the kinds) only makes later files faster."""
+    return _engine(forced, user_dirs())
+
+
+@functools.cache
+def _engine(forced: str | None, dirs: tuple[Path, ...]) -> Engine:
     return Engine(grammar(forced))
 
 
@@ -1030,6 +1034,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
 
         loaded = replay.load_mapping(mapping)
         mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
+    if user_dirs():  # so does a formats folder of the user's that does not load, or whose samples read otherwise
+        check_user_samples()
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, replace(options, mapping=mapping), progress)
