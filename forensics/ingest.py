@@ -897,6 +897,7 @@ class LogParse:
         return out.height
 
 
+PACK_FROM = 64  # an ingest of at least this many files (a join of as many runs) writes its small parts as packs
 SMALL_LOG = 256 * 1024  # a new log at most this big is classified together with the other small ones
 PREFETCH_BYTES = 16 << 20  # small logs classified in one pass
 
@@ -1032,6 +1033,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         ing = Ingestor(store, replace(options, mapping=mapping), progress)
         ing.loaded_mapping = loaded
         files = _skip_duplicates(ing, files)
+        # a folder of many run folders: their small parts go straight into packs (``forensics.packing``)
+        ing.txn.pack_small = len(files) >= PACK_FROM
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
@@ -1053,7 +1056,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         touched = _join_touched(ing.txn)
         if touched:  # the runs whose join inputs changed: the join after this commit redoes theirs
             ing.txn.meta_updates["join_pending"] = _pending(store.meta("join_pending"), touched)
-        if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
+        if changed or ing.txn.staged or any(ing.txn.adds.values()) or ing.txn.removes or ing.txn.meta_updates or \
                 ing.files_meta != (store.meta("files", {}) or {}):
             ing.txn.meta_updates["files"] = ing.files_meta
             ing.txn.commit()
@@ -1268,7 +1271,7 @@ def _join_runs(store: Store, touched: set[str] | None) -> list[str]:
     from forensics.replay.join import join_runs
 
     runs = scope.store_runs(store) if touched is None else scope.component(store, touched)
-    txn = store.transaction()
+    txn = store.transaction(pack_small=len(runs) >= PACK_FROM)
     txn.meta_updates.update(join_pending=None, join_stored=True, join_version=scope.JOIN_VERSION)
     old_matches = [p for p in store.parts("matches") if run_of_part(p) in runs]
     if not old_matches and not any(run_of_part(p) in runs for p in store.parts("attempts")):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics import schema
+from forensics import packing, schema
 from forensics.errors import NotFoundError, StoreError
 from forensics.lazy import LazyModule
 from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
@@ -110,37 +110,65 @@ class Transaction:
     freed: set[str] = field(default_factory=set)  # own files of parts the new packs hold: deleted after
     # edits of the new manifest made at commit (forensics.derived): each returns the files it leaves unused
     edits: list[Callable[[dict[str, Any]], set[str]]] = field(default_factory=list)
+    pack_small: bool = False  # small parts go into packs (a bulk ingest: ``forensics.packing``)
+    _buffer: packing.PartBuffer = field(default_factory=packing.PartBuffer)
     _counter: int = 0
     _writer: ThreadPoolExecutor | None = None
     _pending: list[Future] = field(default_factory=list)
 
     def write(self, table: str, df: pl.DataFrame, *, run: str, name: str) -> None:
-        """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``."""
+        """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``: its own file, or
+        (``pack_small``) rows of a pack written when enough wait (``forensics.packing``)."""
         if df.height == 0:
             return
         if "run" in df.columns:
             df = df.drop("run")
         self._counter += 1
         rel = f"{table}/run={escape_partition(run)}/{name}-{self.txn_id}-{self._counter:05d}.parquet"
+        self.adds.setdefault(table, []).append(rel)
+        if self.pack_small and table in schema.TABLES and df.height <= packing.PART_ROWS:
+            if self._buffer.add(table, rel, run, df):
+                self._write_pack(table)
+            return
         tmp = f"{rel}.tmp-{self.txn_id}"
         path = self.store.root / tmp
         path.parent.mkdir(parents=True, exist_ok=True)
         self.staged.append((tmp, rel))
-        self.adds.setdefault(table, []).append(rel)
-        # Parquet encoding runs on a writer thread (it releases the GIL) so parsing goes on meanwhile;
-        # at most a few parts wait in memory, and commit() waits for all of them.
+        # events are most of what an ingest writes: LZ4 costs a quarter less CPU than zstd for them
+        level: dict[str, Any] = {} if table == "events" else {"compression_level": 1}
+        self._submit(df.write_parquet, path, compression="lz4" if table == "events" else "zstd", **level,
+                     statistics=table != "events")
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Parquet encoding runs on a writer thread (it releases the GIL) so parsing goes on meanwhile; at most a
+        few parts wait in memory, and commit() waits for all of them."""
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1)
         while len(self._pending) >= 3:
             self._pending.pop(0).result()
-        # events are most of what an ingest writes: LZ4 costs a quarter less CPU than zstd for them
-        level: dict[str, Any] = {} if table == "events" else {"compression_level": 1}
-        self._pending.append(self._writer.submit(
-            df.write_parquet, path, compression="lz4" if table == "events" else "zstd", **level,
-            statistics=table != "events"))
+        self._pending.append(self._writer.submit(fn, *args, **kwargs))
+
+    def _write_pack(self, table: str) -> None:
+        """Write the table's waiting small parts as one pack of this commit."""
+        rows, parts = self._buffer.take(table)
+        self._counter += 1
+        final = f"{table}/{PACKS_DIR}/pack-{self.txn_id}-{self._counter:05d}.parquet"
+        tmp = f"{final}.tmp-{self.txn_id}"
+        path = self.store.root / tmp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.staged.append((tmp, final))
+        self.packs_add.setdefault(table, []).append({"path": final, "parts": parts})
+        self._submit(rows.write_parquet, path, compression="zstd", compression_level=1, statistics=True,
+                     row_group_size=100_000)
 
     def flush(self) -> None:
-        """Wait until every staged part is on disk (raises the first write error)."""
+        """Write the waiting small parts, then wait until every staged file is on disk (raises the first write
+        error)."""
+        for table in self._buffer.tables():
+            self._write_pack(table)
+        self._wait()
+
+    def _wait(self) -> None:
         while self._pending:
             self._pending.pop(0).result()
         if self._writer is not None:
@@ -157,13 +185,17 @@ class Transaction:
 
     def rollback_to(self, point: tuple[int, dict[str, int], dict[str, set[str]]]) -> None:
         """Forget everything staged since ``point`` and delete the parts it wrote."""
-        self.flush()
         n_staged, n_adds, removes = point
-        for tmp, _ in self.staged[n_staged:]:
-            (self.store.root / tmp).unlink(missing_ok=True)
-        del self.staged[n_staged:]
         for table in list(self.adds):
             del self.adds[table][n_adds.get(table, 0):]
+        self._buffer.keep_only(self.adds)
+        self._wait()
+        # a pack written since holds earlier parts too: it stays, the undone parts' rows in it are dead
+        packs = {pk["path"] for entries in self.packs_add.values() for pk in entries}
+        for tmp, final in self.staged[n_staged:]:
+            if final not in packs:
+                (self.store.root / tmp).unlink(missing_ok=True)
+        self.staged[n_staged:] = [s for s in self.staged[n_staged:] if s[1] in packs]
         self.removes = {t: set(v) for t, v in removes.items()}
 
     def commit(self) -> None:
@@ -314,8 +346,9 @@ class Store:
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
-    def transaction(self) -> Transaction:
-        return Transaction(self)
+    def transaction(self, *, pack_small: bool = False) -> Transaction:
+        """A new transaction; ``pack_small``: its small parts are written as packs (``forensics.packing``)."""
+        return Transaction(self, pack_small=pack_small)
 
     def _commit(self, txn: Transaction) -> None:
         manifest = json.loads(json.dumps(self._manifest))
