@@ -31,7 +31,6 @@ import polars as pl
 from forensics import derived, metrics, registry, schema
 from forensics import runs as runs_mod
 from forensics.errors import StoreError
-from forensics.replay.tables import runs_rows
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store, fetch_pl
 from forensics.verdict import RunVerdict, verdict, verdict_frame
@@ -75,6 +74,9 @@ def needs(store: Store, runs: list[str] | None = None) -> list[str]:
 def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
     """The derived tables of ``runs``, worked out from the store's tables (nothing is read from earlier
     analyses: this is where each finding is computed)."""
+    # the join's modules (numpy) are loaded only when deriving, not by every command that imports this one
+    from forensics.replay.tables import runs_rows
+
     with Analysis.open(store, runs, stored=False) as s:
         s.prepare(runs)
         out = {"request_facts": s.query("request_facts", DEFAULTS, runs)}
