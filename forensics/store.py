@@ -473,14 +473,17 @@ class Store:
         return notes
 
     # ------------------------------------------------------------------ reading
-    def connect(self, *, tables: list[str] | None = None, existing_only: bool = False) -> duckdb.DuckDBPyConnection:
+    def connect(self, *, tables: list[str] | None = None, existing_only: bool = False,
+                local: bool = False) -> duckdb.DuckDBPyConnection:
         """A connection with one view per table (same names as the tables): an in-memory DuckDB connection, or
         the ``engine``'s (``forensics.spark``) when one is set.  Either way it is the seam the analysis runs
-        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.
+        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.  ``local``:
+        DuckDB in this process whatever the engine (stored rows read back, nothing computed: a Spark job per
+        small file would cost seconds each).
 
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
-        if self.engine is not None:
+        if self.engine is not None and not local:
             return self.engine.connect(self, tables=tables, existing_only=existing_only)
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
@@ -525,7 +528,7 @@ class Store:
         return self._source(own, packs) if own or packs else None
 
     def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
-        if self.engine is not None:  # the engine's connection binds its own views
+        if self.engine is not None and not isinstance(con, duckdb.DuckDBPyConnection):  # the engine's binds its own
             con.bind(self, table, existing_only)  # type: ignore[attr-defined]
             return
         source = self.view_source(table, existing_only)
