@@ -595,12 +595,16 @@ class Store:
 
     def _run_names(self, tables: list[str]) -> list[str] | None:
         names: set[str] = set()
+        there: set[str] = set()  # the files seen on disk (a pack holds thousands of parts: looked at once)
         for table in tables:
             packed = self.packed(table)
             for rel in self.parts(table):
-                if not (self.root / self.file_of(table, rel, packed)).exists():
-                    raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
-                                     hint="run `forensics check` to see how to repair the store")
+                file = self.file_of(table, rel, packed)
+                if file not in there:
+                    if not (self.root / file).exists():
+                        raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
+                                         hint="run `forensics check` to see how to repair the store")
+                    there.add(file)
                 run = run_of_part(rel)
                 if run is None:
                     return None
