@@ -63,8 +63,14 @@ def _step(name: str) -> None:
 def run_of_part(rel: str) -> str | None:
     """The run a part belongs to, from its path's ``run=`` folder (``escape_partition`` undone); None for a
     path without one."""
-    seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
-    return None if seg is None else urllib.parse.unquote(seg[len("run="):], errors="strict")
+    segs = rel.split("/", 2)
+    if len(segs) > 1 and segs[1].startswith("run="):  # <table>/run=<run>/...: every part the store writes
+        seg: str | None = segs[1]
+    else:
+        seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
+    if seg is None:
+        return None
+    return seg[4:] if "%" not in seg else urllib.parse.unquote(seg[4:], errors="strict")
 
 
 def sql_string(value: str) -> str:
