@@ -363,6 +363,7 @@ class Ingestor:
         self._inst_keys = pl.DataFrame()
         self._instances_full = pl.DataFrame()
         self.prefetch: Prefetch | None = None  # the small logs classified together (see Prefetch)
+        self._reported = 0  # the files of result.files whose requests the progress has counted
 
     # -------------------------------------------------------------- per file
     def _engine(self) -> Engine:
@@ -372,9 +373,10 @@ class Ingestor:
         """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
         # a compressed file counts its decompressed bytes while it is read: never past the whole job's size
         self.at.bytes_done = max(self.at.bytes_done, min(bytes_done, self.at.bytes_total or bytes_done))
-        if file_done:
+        if file_done:  # the requests of the files reported since the last file: not a sum over every file each time
             self.at.files_done += 1
-            self.at.requests = sum(f.requests or 0 for f in self.result.files)
+            self.at.requests += sum(f.requests or 0 for f in self.result.files[self._reported:])
+            self._reported = len(self.result.files)
         if self.progress:
             self.progress(replace(self.at, requests=self.at.requests + (0 if file_done else requests)))
 
