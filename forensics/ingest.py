@@ -1273,7 +1273,8 @@ def _join_runs(store: Store, touched: set[str] | None) -> list[str]:
     from forensics.replay.join import join_runs
 
     runs = scope.store_runs(store) if touched is None else scope.component(store, touched)
-    txn = store.transaction(pack_small=len(runs) >= PACK_FROM)
+    txn = store.transaction()
+    txn.pack_small = len(runs) >= PACK_FROM
     txn.meta_updates.update(join_pending=None, join_stored=True, join_version=scope.JOIN_VERSION)
     old_matches = [p for p in store.parts("matches") if run_of_part(p) in runs]
     if not old_matches and not any(run_of_part(p) in runs for p in store.parts("attempts")):

@@ -352,9 +352,8 @@ class Store:
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
-    def transaction(self, *, pack_small: bool = False) -> Transaction:
-        """A new transaction; ``pack_small``: its small parts are written as packs (``forensics.packing``)."""
-        return Transaction(self, pack_small=pack_small)
+    def transaction(self) -> Transaction:
+        return Transaction(self)
 
     def _commit(self, txn: Transaction) -> None:
         manifest = json.loads(json.dumps(self._manifest))
@@ -535,7 +534,7 @@ class Store:
 
     def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
         if self.engine is not None and not isinstance(con, duckdb.DuckDBPyConnection):  # the engine's binds its own
-            con.bind(self, table, existing_only)  # type: ignore[attr-defined]
+            con.bind(self, table, existing_only)
             return
         source = self.view_source(table, existing_only)
         if source is None and table not in schema.TABLES:
