@@ -67,8 +67,11 @@ def stored_findings() -> list[registry.Finding]:
 
 def needs(store: Store, runs: list[str] | None = None) -> list[str]:
     """Those of ``runs`` (default: every run of the store) whose derived rows are missing or out of date."""
+    state = derived.state(store)
+    if runs is None and state.version == VERSION and not state.stale and state.analysed:
+        return []  # every commit marks the runs it changes stale, a new run too: none is, so every run is derived
     names = runs_mod.all_runs(store) if runs is None else runs
-    return derived.state(store).needs(names, VERSION)
+    return state.needs(names, VERSION)
 
 
 def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:

@@ -384,18 +384,20 @@ class Ingestor:
         run = run_of(path, self.run, root)
         fid = file_id_of(path)
         stat = path.stat()
-        head = read_head(path, 4096)
-        now = FileState.found(path, fid, run, stat, hashlib.sha256(head).hexdigest())
         prev = FileState.from_json(self.files_meta[fid]) if fid in self.files_meta else None
-        compression = now.compression
-        if prev is not None and prev.head_sha256 == now.head_sha256 and stat.st_size == prev.size_bytes \
-                and stat.st_mtime == prev.mtime and prev.run == run and prev.tz == self.tz \
+        # as the last ingest left it (size and modification time to the nanosecond, its run, read the same way):
+        # unchanged, without opening it (a store of thousands of run folders is re-ingested in a second)
+        if prev is not None and stat.st_size == prev.size_bytes and stat.st_mtime == prev.mtime \
+                and prev.run == run and prev.tz == self.tz \
                 and (self.forced is None or prev.format == self.forced.name) \
                 and (self.mapping is None or not str(prev.format).startswith("records")):
             self.result.files.append(FileReport(str(path), str(prev.format), "unchanged"))
             done_bytes[0] += stat.st_size
             self._requeue_records(path, prev, run)
             return
+        head = read_head(path, 4096)
+        now = FileState.found(path, fid, run, stat, hashlib.sha256(head).hexdigest())
+        compression = now.compression
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
@@ -931,8 +933,8 @@ class Prefetch:
             size = path.stat().st_size
         except OSError:
             return False
-        return (0 < size <= SMALL_LOG and compression_of(path) is None
-                and file_id_of(path) not in self.ing.files_meta and not _may_hold_records(path))
+        return (0 < size <= SMALL_LOG and file_id_of(path) not in self.ing.files_meta
+                and compression_of(path) is None and not _may_hold_records(path))
 
     def take(self, path: Path) -> Prefetched | None:
         at = self.position.get(path)
