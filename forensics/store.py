@@ -600,22 +600,16 @@ class Store:
 
     def _run_names(self, tables: list[str]) -> list[str] | None:
         names: set[str] = set()
-        there: set[str] = set()  # the files seen on disk (a pack holds thousands of parts: looked at once)
         for table in tables:
-            packed = self.packed(table)
-            for rel in self.parts(table):
-                file = self.file_of(table, rel, packed)
-                if file not in there:
-                    if not (self.root / file).exists():
-                        raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
-                                         hint="run `forensics check` to see how to repair the store")
-                    there.add(file)
-                run = run_of_part(rel)
-                if run is None:
-                    return None
-                names.add(run)
+            got = self._table_runs(table)
+            if got is None:
+                return None
+            names |= got
         if not names:
             return []
+        plain = self._names_cache.setdefault(("\x00plain",), [])  # names already found to read as text
+        if plain is not None and names <= set(plain):
+            return sorted(names)
         con = duckdb.connect(":memory:")
         try:
             row = con.execute(
@@ -628,7 +622,34 @@ class Store:
             con.close()
         if row is None or row[0]:
             return None
+        if plain is not None:
+            plain.extend(names - set(plain))
         return sorted(names)
+
+    def _table_runs(self, table: str) -> set[str] | None:
+        """The runs with parts in ``table``, read once per manifest (a command asks for several sets of tables);
+        None when a part's path has no run."""
+        key = ("\x00table", table)
+        if key not in self._names_cache:
+            names: set[str] = set()
+            packed = self.packed(table)
+            there: set[str] = set()  # the files seen on disk (a pack holds thousands of parts: looked at once)
+            for rel in self.parts(table):
+                file = self.file_of(table, rel, packed)
+                if file not in there:
+                    if not (self.root / file).exists():
+                        raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
+                                         hint="run `forensics check` to see how to repair the store")
+                    there.add(file)
+                run = run_of_part(rel)
+                if run is None:
+                    self._names_cache[key] = None
+                    break
+                names.add(run)
+            else:
+                self._names_cache[key] = sorted(names)
+        got = self._names_cache[key]
+        return None if got is None else set(got)
 
     def table(self, name: str) -> pl.DataFrame:
         """A whole table as a polars DataFrame (columns in contract order)."""
