@@ -79,7 +79,9 @@ def _require_sdk() -> None:
 def _replay_con(store: Store) -> Any:
     from forensics.replay.tables import _connect
 
-    return _connect(store)
+    con = _connect(store)
+    store.attach(con, ["instances"])  # otel_spans.sql reads the instances too
+    return con
 
 
 def request_rows(store: Store, runs: list[str]) -> pl.DataFrame:
