@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics import schema
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.replay import scope
 from forensics.replay.placement import (
     KEY,
@@ -40,7 +40,7 @@ from forensics.replay.placement import (
 if TYPE_CHECKING:
     import numpy as np
 else:  # loaded when a join runs: the commands that import the replay package do not pay for it
-    np = LazyModule("numpy")
+    np = lazy_import("numpy")
 
 AMBIGUOUS_S = 0.5  # two candidates whose starts are this close to the send time cannot be told apart
 NO_END_S = 86400.0  # an attempt without an end time may be served up to a day after its send

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, overload
 import polars as pl
 
 from forensics import schema
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
 else:  # loaded when a join runs: the commands that import the replay package do not pay for it
-    np = LazyModule("numpy")
+    np = lazy_import("numpy")
 
 CLOCKS = ("log", "anchored", "aligned", "attempt", "order")
 TOLERANCE_S = 1.0  # slack around the attempt's window for request starts (absolute time)
