@@ -22,6 +22,7 @@ def _connect(store: Any) -> duckdb.DuckDBPyConnection:
     the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
     now (a store written before the join stored it, or one whose join could not rewrite every log)."""
     con = store.connect()
+    _facts(con)
     if store.meta("join_stored") and not store.meta("join_pending"):
         have = view_names(con)
         for name, table in (("replay_matches", "matches"), ("replay_requests", "requests")):
@@ -36,6 +37,20 @@ def _connect(store: Any) -> duckdb.DuckDBPyConnection:
     con.register("replay_matches", jr.matches.to_arrow())
     con.register("replay_requests", jr.requests.to_arrow())
     return con
+
+
+def _facts(con: duckdb.DuckDBPyConnection) -> None:
+    """``replay_facts``: each request's instance name and tokens as the analysis decided them (``request_facts``:
+    the name every output gives the instance; the generated tokens of a cancelled or failed request from its
+    context at release), or none when the store has no analysis yet (the listings then say "unknown")."""
+    if "request_facts" in view_names(con):
+        con.execute("CREATE TEMP VIEW replay_facts AS SELECT run, instance, instance_id, slot, task, gen_tokens "
+                    "FROM request_facts")
+    else:
+        con.register("replay_facts", pl.DataFrame(schema={"run": pl.String, "instance": pl.String,
+                                                          "instance_id": pl.String,
+                                                          "slot": pl.Int64, "task": pl.Int64,
+                                                          "gen_tokens": pl.Int64}).to_arrow())
 
 
 def runs_table(store: Any, runs: list[str] | None = None) -> pl.DataFrame:
