@@ -98,6 +98,7 @@ def _dead_slots(rows: pl.DataFrame, session: Analysis, th: Thresholds) -> pl.Dat
         first = first.filter(~pl.col("recovered"))
     out = first.select(
         "run", "instance", "slot", wall_expr(pl.col("t_start")).alias("dead_from"),
+        pl.col("elapsed_start_s").round(3).alias("since_start_s"),
         "seq", "task", pl.col("line_first").alias("line"), "requests_affected", "items_lost", "recovered",
         pl.col("dead_why").alias("why"))
     return out if session.has_matches else out.drop("items_lost")

@@ -398,7 +398,23 @@ VERDICT_FACTS = [
     Column("fields", STR, "its numbers (JSON)"),
 ]
 
+RUN_RECORDS = [
+    Column("run", STR, "run id"),
+    Column("alias", STR, "the run id its records carried, when they were tied to it"),
+    Column("np", I64, "the manifest's concurrency"),
+    Column("items_expected", I64, "items the run was to finish"),
+    Column("items_done", I64, "items every stage of which finished ok"),
+    Column("items_missing", I64, "items not done"),
+    Column("attempts", I64, "attempts the harness made"),
+    Column("requests", I64, "server requests the join gave the run"),
+    Column("wall_s", F64, "the manifest's start to end, else the first send to the last answer"),
+    Column("ended", STR, "how the run ended"),
+    Column("from", STR, "records, or summary for a run read from a benchmark's summary alone"),
+    Column("listed", BOOL, "the run has replay records, a manifest or items (what `forensics runs` lists)"),
+]
+
 DERIVED: dict[str, list[Column]] = {
+    "run_records": RUN_RECORDS,
     "request_facts": REQUEST_FACTS,
     "instance_facts": INSTANCE_FACTS,
     "run_facts": RUN_FACTS,

@@ -51,16 +51,20 @@ def _current(store: Store, runs: list[str]) -> bool:
     return not derived.state(store).needs(runs, VERSION)
 
 
-def setups(store: Store, runs: list[str] | None = None) -> pl.DataFrame:
-    """Each run's setup (``run_facts``, else worked out by ``run_setup.sql``): run, setup_key, setup (a label), np;
-    in a fleet the key and the label carry the run's store."""
+SETUP_COLUMNS = ("run", "setup_key", "setup", "np")
+
+
+def setups(store: Store, runs: list[str] | None = None, *, columns: tuple[str, ...] = SETUP_COLUMNS) -> pl.DataFrame:
+    """Each run's setup (``run_facts``, else worked out by ``run_setup.sql``): run, setup_key, setup (a label), np
+    (and any other of ``run_setup``'s ``columns``); in a fleet the key and the label carry the run's store."""
     names = runs_mod.resolve(store, runs).runs
     if _current(store, names):
-        facts = read_derived(store, "run_facts", names).select("run", "setup_key", "setup", "np")
+        facts = read_derived(store, "run_facts", names).select(*columns)
     else:
         with Analysis.open(store, names, stored=False) as s:
             s.prepare(names, requests=False)
-            facts = s.query("run_setup", DEFAULTS, names).select("run", "setup_key", "setup", "np")
+            s.bind(["runs", "attempts"])  # run_setup reads the manifest and the harness's caps
+            facts = s.query("run_setup", DEFAULTS, names).select(*columns)
     if not any(host for host, _ in members_of(store)):
         return facts
     host = pl.col("run").str.split(HOST_SEP).list.first()

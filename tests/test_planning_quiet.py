@@ -189,15 +189,17 @@ def test_the_recommended_cap_cuts_exactly_the_six_runaways(pair: Store) -> None:
 
 
 def test_the_cap_time_saved_against_the_rerun_misses_the_target(pair: Store) -> None:
-    """TARGET MISSED (within 15 % of the rerun): 4.2 s predicted against 5.5 s measured, -24 %.  The rerun went at
-    the same speed (no note), and the model replays the rerun itself within 1 %; what it misses is the uncapped run,
-    which it replays 2.6 % too fast: six runaways holding up to 512 tokens each slow every batch more than the
-    context term says, and that error is a quarter of the saving."""
+    """TARGET MISSED (within 15 % of the rerun): 3.8 s predicted against 5.5 s measured, -31 %.  The rerun went at
+    the same speed (no note); what the model misses is the uncapped run, which it replays too fast: six runaways
+    holding up to 512 tokens each slow every batch more than the context term says, and that error is a quarter of
+    the saving.  (It was -24 % when the pool held the rerun itself; the rerun is another setup now, its caps
+    differ, found as the same setup less its caps.  On the same fitted costs the replays draw the runs' noise in
+    the pool's order, which moved with the sample: -28 % to -31 %, the nine replays' own spread.)"""
     res = what_if.whatif(pair, PAIR[0], cap=128)
     saved = res.figure("time_saved_s")
     assert saved["measured_run"] == PAIR[1]
     assert saved["measured"] == pytest.approx(29.848 - 24.346, abs=0.01)
     assert not any("rerun with the cap" in n for n in res.notes)  # same speed: nothing to explain
     error = saved["predicted"] / saved["measured"] - 1
-    assert -0.30 < error < -0.15
+    assert -0.35 < error < -0.15
     assert saved["low"] <= saved["measured"] <= saved["high"]

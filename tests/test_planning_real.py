@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from forensics.cli import cli
 from forensics.planning import predict, recommendation, what_if
 from forensics.store import Store
-from tests.planning_helpers import REAL_RUNS, real_store
+from tests.planning_helpers import REAL_RUNS, held_out, real_store
 
 SWEEP = [f"b11312-sweep-np{n}" for n in (1, 2, 4, 8)]
 BUDGETS = recommendation.Budgets(run=400.0, request=60.0)  # np 2 misses on run time (466 s), np 8 on latency (89 s)
@@ -94,3 +94,25 @@ def test_one_np_only_says_what_to_record(tmp_path: Path) -> None:
     assert res.stderr == ("forensics: error: only np 4 has timed runs (b11312-healthy): the cost of an extra slot "
                           "cannot be told from one np, so np 8 cannot be predicted (record the same workload at "
                           "another np as well (e.g. np 2 and np 8))\n")
+
+
+B11434 = {n: f"b11434-sweep-np{n}" for n in (1, 2, 4, 6, 8)}
+# leave-one-np-out run time error (recommend's prediction: the other runs' workloads, each at its own speed) of the
+# model before the knee, measured on this sweep: what the model with a knee must not do worse than (within noise)
+B11434_BEFORE = {1: -0.015, 2: 0.183, 4: -0.203, 6: 0.159, 8: -0.187}
+
+
+@pytest.fixture(scope="module")
+def b11434(tmp_path_factory: pytest.TempPathFactory) -> predict.Planner:
+    return predict.planner(real_store(tmp_path_factory.mktemp("b11434"), list(B11434.values())), [B11434[4]])
+
+
+@pytest.mark.parametrize("np_", list(B11434))
+def test_the_knee_does_no_worse_on_a_cpu_sweep(b11434: predict.Planner, np_: int) -> None:
+    """b11434's CPU sweep (np 1, 2, 4, 6, 8; a loaded machine, so noisy): each np left out, run time within 3 points
+    of the model before the knee.  Measured -1.5 %, +16.6 %, -22.8 %, +15.8 %, -18.7 % (before: -1.5 %, +18.3 %,
+    -20.3 %, +15.9 %, -18.7 %): the fit without np 4 takes a knee at 5 slots (it predicts the other left-out np
+    30 % better) and misses np 4 by 2.5 points more; np 2 gains 1.7."""
+    median, _ = held_out(b11434, B11434, np_)
+    error = median["run_s"] / b11434.measured[B11434[np_]]["run_s"] - 1
+    assert abs(error) <= abs(B11434_BEFORE[np_]) + 0.03

@@ -10,6 +10,7 @@ the tests are marked ``spark`` and kept in this one file, which `make test` give
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -265,8 +266,10 @@ def test_fleet_commands_answer_the_same_on_both_engines(fleet_dirs: list[Path], 
     assert duck.exit_code == 0, duck.output
     assert spark.exit_code == 0, spark.output
     assert spark.stdout == duck.stdout
-    if args[0] == "throughput":  # only the runs of a working server: np 2 gpu-a:run-2, np 4 gpu-b:run-2
-        assert [line.split()[:2] for line in duck.stdout.splitlines()[2:]] == [["2", "1"], ["4", "1"]]
+    if args[0] == "throughput":  # only the runs of a working server, each host its own setup: np 2 gpu-a:run-2,
+        # np 4 gpu-b:run-2 (never pooled: two hosts)
+        rows = [re.split(r"\s{2,}", line.strip())[:3] for line in duck.stdout.splitlines()[2:]]
+        assert [(r[0].split(" · ")[0], r[1], r[2]) for r in rows] == [("gpu-a", "2", "1"), ("gpu-b", "4", "1")]
         assert "left out gpu-c:run-2 (it measures a broken server)" in duck.stderr
     else:
         assert "gpu-a:run-1" in duck.stdout and "gpu-c:run-2" in duck.stdout

@@ -25,7 +25,7 @@ def check(ctx: click.Context, fmt: str, store_path: Path | None) -> None:
     from forensics.errors import ExitCode
     from forensics.render import render
 
-    df = check_store(cli_mod.open_store(store_path))
+    df = check_store(cli_mod.open_store(store_path, analysed=False))
     render(df, fmt, sys.stdout)
     if (df["status"] == "problem").any():
         ctx.exit(int(ExitCode.FINDINGS))

@@ -21,7 +21,7 @@ def compact(store_path: Path | None) -> None:
     this by itself once the store holds more than 2000 part files."""
     from forensics.compact import compact as compact_store
 
-    store = cli_mod.open_store(store_path)
+    store = cli_mod.open_store(store_path, analysed=False)
     done = compact_store(store, on_wait=lambda: click.echo(
         f"forensics: waiting for another ingest into {store.root} to finish...", err=True))
     click.echo(done.line(), err=True)

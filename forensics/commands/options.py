@@ -132,17 +132,18 @@ def resolve_store(path: Path | None) -> Path:
     return store
 
 
-def open_store(path: Path | None) -> Any:
+def open_store(path: Path | None, *, analysed: bool = True) -> Any:
     """The store at ``--store`` (else $FORENSICS_STORE, else ./forensics-store), or the fleet of stores that
     several ``--store`` (or a pattern) name, read by ``--engine``; a missing one is an error that says to
-    ingest first."""
+    ingest first.  ``analysed``: derive first what the store's runs lack (``forensics.analyse.ensure``)."""
     from forensics.fleet import open_fleet
 
     specs, engine, master = _reading()
     if not specs or Path(specs[0]) != path:  # called with a path of its own
         specs = [str(path if path is not None else default_store_path())]
     store = open_fleet(specs)
-    _analysed(store)
+    if analysed:  # check and compact work on the store as it is
+        _analysed(store)
     if engine == "spark":
         from forensics.spark import use_spark
 

@@ -17,12 +17,13 @@ Examples:
   forensics whatif run-np4 --np 8                 run-np4's own requests on 8 slots: run time, latencies, bands
   forensics whatif run-np4 --cap 1024             the same run with an output cap: what it cuts, the time saved
   forensics whatif run-np4 --cap 1024 --cuts      the outputs the cap cuts, one row each (runaway or normal)
-  forensics whatif run-np4 --errors               the leave-one-run-out errors the bands come from
+  forensics whatif run-np4 --errors               the leave-one-np-out errors the bands come from
+  forensics whatif run-a run-b --np 8             several runs (of one setup or several): one row per run and figure
 """
 
 
 @click.command(epilog=WHATIF_EXAMPLES)
-@click.argument("run")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @click.option("--np", "np_", type=click.IntRange(min=1), default=None,
               help="Parallel slots to predict at (default: the run's own).")
 @click.option("--cap", type=click.IntRange(min=1), default=None, help="Output cap (max_tokens / n_predict) to apply.")
@@ -30,32 +31,46 @@ Examples:
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="The harness's concurrency (default: follows --np when the run's harness matched its np).")
 @click.option("--cuts", "show", flag_value="cuts", help="Print the outputs the cap cuts instead of the figures.")
-@click.option("--errors", "show", flag_value="errors", help="Print the leave-one-run-out folds the bands come from.")
+@click.option("--errors", "show", flag_value="errors", help="Print the leave-one-np-out folds the bands come from.")
 @click.option("--busy", "show", flag_value="busy", help="Print the predicted busy slots over time.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Also draw the predicted busy slots: .html (offline), .png, .svg or .json.")
 @cli_mod.format_option
 @cli_mod.store_option
-def whatif(run: str, **opts: Any) -> None:
-    """Replay RUN's own workload (its requests, their order, dependencies and concurrency) through a cost model
-    fitted on the store's healthy runs of the same model, at another np and/or with an output cap.  stdout: each
-    figure predicted with its error band (and what was measured at that np); stderr: the answer in words."""
+def whatif(runs: tuple[str, ...], **opts: Any) -> None:
+    """Replay each RUN's own workload (its requests, their order, dependencies and concurrency) through a cost
+    model fitted on the store's healthy runs of its setup, at another np and/or with an output cap.  stdout: each
+    figure predicted with its error band (and what was measured at that np); with several runs, one row per run
+    and figure (runs of several setups: each through its own setup's model); stderr: the answer in words."""
     from forensics import planning
     from forensics.render import render
 
     a = cli_mod.typed_options(WhatIfArgs, opts)
     store = cli_mod.open_store(a.store_path)
-    res = planning.whatif(store, run, np_=a.np_, cap=a.cap, concurrency=a.concurrency, instance=a.instance)
-    frames = {"cuts": res.cuts, "errors": res.folds, "busy": res.busy}
-    render(frames.get(a.show or "", res.table), a.fmt, sys.stdout)
-    for note in res.notes:
-        click.echo(f"note: {note}", err=True)
-    for sentence in res.sentences:
-        click.echo(sentence, err=True)
+    if len(runs) == 1:
+        found = [planning.whatif(store, runs[0], np_=a.np_, cap=a.cap, concurrency=a.concurrency,
+                                 instance=a.instance)]
+    else:
+        found = planning.whatif_all(store, list(runs), np_=a.np_, cap=a.cap, concurrency=a.concurrency,
+                                    instance=a.instance)
+    frames = [{"cuts": r.cuts, "errors": r.folds, "busy": r.busy}.get(a.show or "", r.table) for r in found]
+    if len(found) == 1:
+        render(frames[0], a.fmt, sys.stdout)
+    else:
+        import polars as pl
+
+        render(pl.concat([f.select(pl.lit(r.run).alias("run"), pl.all()) for r, f in zip(found, frames, strict=True)],
+                         how="diagonal_relaxed"), a.fmt, sys.stdout)
+    for res in found:
+        tag = f"{res.run}: " if len(found) > 1 else ""
+        for note in res.notes:
+            click.echo(f"note: {tag}{note}", err=True)
+        for sentence in res.sentences:
+            click.echo(sentence, err=True)
     if a.out is not None:
         from forensics.planning import charts
 
-        path = charts.save(charts.busy_chart(res), a.out, title=f"forensics whatif {res.run}")
+        path = charts.save(charts.busy_charts(found), a.out, title="forensics whatif " + " ".join(r.run for r in found))
         click.echo(f"whatif: chart written to {path}", err=True)
 
 
@@ -97,7 +112,8 @@ Examples:
 @click.pass_context
 def recommend(ctx: click.Context, runs: tuple[str, ...], **opts: Any) -> None:
     """The np with the highest throughput that meets every budget, for the sweep of RUNS (all runs when none is
-    named), measured where a run was, predicted with its error band elsewhere; exit 1 when no np meets them."""
+    named), measured where a healthy run was, predicted with its error band elsewhere; runs of several setups get
+    one answer per setup (a `setup` column and one sentence each); exit 1 when no np meets them (for some setup)."""
     from forensics import metrics, planning
     from forensics.errors import ExitCode
     from forensics.render import render
@@ -105,21 +121,18 @@ def recommend(ctx: click.Context, runs: tuple[str, ...], **opts: Any) -> None:
     a = cli_mod.typed_options(RecommendArgs, opts)
     budgets = planning.Budgets(*(metrics.parse_duration(v) if v else None
                                  for v in (a.max_run, a.max_request, a.max_p95)))
-    rec = planning.recommend(cli_mod.open_store(a.store_path), list(runs), budgets,
-                             np_range=planning.parse_np_range(a.np_range) if a.np_range else None, cap=a.cap,
-                             instance=a.instance)
-    render(rec.table, a.fmt, sys.stdout)
-    for note in rec.notes:
-        click.echo(f"note: {note}", err=True)
-    click.echo(rec.sentence, err=True)
-    for line in rec.details:
+    recs = planning.recommend_all(cli_mod.open_store(a.store_path), list(runs), budgets,
+                                  np_range=planning.parse_np_range(a.np_range) if a.np_range else None, cap=a.cap,
+                                  instance=a.instance)
+    render(planning.recommendations_table(recs), a.fmt, sys.stdout)
+    for line in planning.recommendations_words(recs):
         click.echo(line, err=True)
     if a.out is not None:
         from forensics.planning import charts
 
-        path = charts.save(charts.recommend_chart(rec), a.out, title="forensics recommend")
+        path = charts.save(charts.recommend_charts(recs), a.out, title="forensics recommend")
         click.echo(f"recommend: chart written to {path}", err=True)
-    if rec.np is None:
+    if any(r.np is None and r.error is None for r in recs):
         ctx.exit(int(ExitCode.FINDINGS))
 
 

@@ -58,9 +58,16 @@ def recommend_chart(rec: Recommendation) -> alt.HConcatChart:
     """Predicted (line and band) and measured (diamonds) run time and latency against np, with the budgets."""
     left = _panel(rec, ("run_s",), "run time (s)", ("run",))
     right = _panel(rec, LATENCY_FIGURES, "request latency (s)", ("request", "p95"))
-    key = "dashed: predicted (shaded: its leave-one-run-out band); diamonds: measured; dotted: the budgets"
+    key = "dashed: predicted (shaded: its leave-one-np-out band); diamonds: measured; dotted: the budgets"
     return alt.hconcat(left, right).resolve_scale(color="independent").properties(
-        title={"text": "Predicted vs measured against np", "subtitle": [*textwrap.wrap(rec.sentence, 150), key]})
+        title={"text": "Predicted vs measured against np" + (f": {rec.setup}" if rec.setup else ""),
+               "subtitle": [*textwrap.wrap(rec.sentence, 150), key]})
+
+
+def recommend_charts(recs: list[Recommendation]) -> alt.VConcatChart | alt.HConcatChart:
+    """``recommend_chart`` of each setup's answer, one under the other (the setups that could be predicted)."""
+    drawn = [recommend_chart(r) for r in recs if r.error is None and r.curve.height]
+    return drawn[0] if len(drawn) == 1 else alt.vconcat(*drawn)
 
 
 def busy_chart(res: WhatIf, measured: pl.DataFrame | None = None) -> alt.Chart:
@@ -76,6 +83,11 @@ def busy_chart(res: WhatIf, measured: pl.DataFrame | None = None) -> alt.Chart:
         color=alt.Color("what:N", title=None, scale=alt.Scale(range=[PREDICTED, MEASURED])),
         tooltip=[alt.Tooltip("what:N"), alt.Tooltip("t_s:Q", format=".1f"), alt.Tooltip("busy:Q")],
     ).properties(width=560, height=200, title=f"Busy slots: {res.run}")
+
+
+def busy_charts(found: list[WhatIf]) -> alt.Chart | alt.VConcatChart:
+    """``busy_chart`` of each prediction, one under the other."""
+    return busy_chart(found[0]) if len(found) == 1 else alt.vconcat(*(busy_chart(r) for r in found))
 
 
 def save(chart: alt.TopLevelMixin, path: Any, title: str) -> Any:

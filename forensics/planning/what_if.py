@@ -1,7 +1,10 @@
 """``whatif``: a run's own workload replayed at another np and/or with an output cap, with error bands.
 
-The run's requests (``workload``) go through the cost model fitted on the store's healthy runs of the same model
-(``predict.planner``); each figure carries the band leave-one-run-out measured for predictions of its kind.  With
+The run's requests (``workload``) go through the cost model fitted on the store's runs of the run's setup
+(``predict.planner``: its healthy runs, and those whose outputs ran away, which still time the server); each figure
+carries the band leave-one-np-out measured for predictions of its kind, and what was measured at that np comes from
+the run itself or the setup's healthy runs.  Between two measured np a prediction never beats both unless the
+model's own curve peaks there (``predict.sanity``).  With
 a cap, the outputs it cuts are named by the cap finding's own rule (``findings.cut_by_cap``: normal responses at
 or above it, runaways past it), and the time saved is the run's duration times the relative saving the model
 predicts between the run with and without the cap (the model's own bias on this run cancels out); its band is the
@@ -16,6 +19,7 @@ from typing import Any, cast
 import numpy as np
 import polars as pl
 
+from forensics import metrics
 from forensics.errors import InputError
 from forensics.planning import predict, simulate
 from forensics.planning.costmodel import CostModel
@@ -45,6 +49,7 @@ class WhatIf:
     folds: pl.DataFrame
     sentences: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fold_kind: str = "leave-one-np-out"  # how the bands' folds were made (``Planner.fold_kind``)
 
     def figure(self, name: str) -> dict[str, Any]:
         """The table's row of ``name`` (a FIGURES key or ``time_saved_s``)."""
@@ -74,24 +79,32 @@ def fmt_s(seconds: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
-def band_row(p: Planner, figure: str, value: float, np_: int, measured: tuple[float | None, str | None]) -> dict[str, Any]:
-    """One row of a prediction table: the value, its band from the folds, and the measured figure if any."""
+def band_row(p: Planner, figure: str, value: float, np_: int, measured: tuple[float | None, str | None],
+             sane: predict.Sanity | None = None) -> dict[str, Any]:
+    """One row of a prediction table: the value, its band from the folds, and the measured figure if any (``sane``:
+    the value moved between its measured neighbours, the band reaching the model's own figure)."""
     rel, kind = p.band(figure, np_)
+    if sane is not None:
+        value = sane.value
     lo, hi = (max(value * (1 - rel), 0.0), value * (1 + rel)) if rel is not None else (None, None)
+    if sane is not None:
+        lo, hi = sane.band(lo, hi)
     return {"figure": _label(figure), "predicted": value, "low": lo, "high": hi,
             "band_pct": rel * 100 if rel is not None else None, "band": kind if rel is not None else "none",
             "measured": measured[0], "measured_run": measured[1]}
 
 
 def _tokens(p: Planner, run: str) -> float:
-    return float(p.workloads[run].jobs["target"].fill_null(0).sum())
+    """The tokens ``run`` generated (its measured row's)."""
+    facts = p.facts.filter(pl.col("run") == run)["gen_tokens"] if p.facts is not None else pl.Series([])
+    return float(facts[0] or 0) if facts.len() else float(p.workload(run).jobs["gen_tokens"].fill_null(0).sum())
 
 
 def measured_at(p: Planner, run: str, np_: int, figure: str) -> tuple[float | None, str | None]:
-    """The figure measured on ``run`` itself when it ran at ``np_``, else on the run of its sweep that did whose
-    workload is closest to its own (in tokens asked for)."""
-    cands = [run] if p.workloads[run].np == np_ else []
-    others = [r for r in p.sweeps.get(run, []) if r != run and p.workloads.get(r) and p.workloads[r].np == np_]
+    """The figure measured on ``run`` itself when it ran at ``np_``, else on the healthy run of its setup that did
+    whose workload is closest to its own (in tokens generated): never a broken run's."""
+    cands = [run] if p.np_of(run) == np_ else []
+    others = [r for r in p.measured_runs(np_) if r != run]
     cands += sorted(others, key=lambda r: (abs(_tokens(p, r) - _tokens(p, run)), r))
     for r in cands:
         v = p.measured.get(r, {}).get(figure)
@@ -105,7 +118,7 @@ def _cuts(store: Store, p: Planner, run: str, cap: int) -> pl.DataFrame:
     records only, the attempts at or above the cap with no class."""
     from forensics import findings
 
-    jobs = p.workloads[run].jobs
+    jobs = p.workload(run).jobs
     keys = ["instance", "slot", "task"]
     rows = findings.cap_cuts(store, run, cap)
     if rows.height:
@@ -120,27 +133,51 @@ def _cuts(store: Store, p: Planner, run: str, cap: int) -> pl.DataFrame:
     return out.select(list(CUT_SCHEMA)).cast(CUT_SCHEMA).sort("item", "stage", "attempt", nulls_last=True)  # type: ignore[arg-type]
 
 
+RERUN_SETUP = ("build", "commit", "model", "n_ctx", "context_shift", "host", "stages")  # all but the caps
+
+
+def _reruns(p: Planner, run: str) -> list[str]:
+    """The runs of ``run``'s setup less its caps (a rerun with a cap measures another setup: its caps differ),
+    at the same np, but ``run``."""
+    from forensics import setups
+
+    facts = setups.setups(p.store, None, columns=("run", "setup_key", "setup", "np", *RERUN_SETUP))
+    if p.slots is not None:
+        facts = facts.join(p.slots.group_by("run").agg(pl.col("n_slots").max()), on="run", how="left")
+    mine = facts.filter(pl.col("run") == run)
+    if mine.height == 0:
+        return []
+    same = facts.join(mine.select(*RERUN_SETUP), on=list(RERUN_SETUP), how="semi", nulls_equal=True)
+    return sorted(r for r, n in same.select("run", "n_slots" if "n_slots" in same.columns else "np").iter_rows()
+                  if r != run and (n or 0) == p.np_of(run))
+
+
 def capped_rerun(p: Planner, run: str, cap: int) -> str | None:
-    """A run of ``run``'s sweep at the same np that sent the same items and stages and capped, at ``cap`` or less,
-    every request ``run`` sent without a cap: the rerun with the cap, whose saving was measured."""
+    """A run of ``run``'s setup less its caps at the same np that sent the same items and stages and capped, at
+    ``cap`` or less, every request ``run`` sent without a cap: the rerun with the cap, whose saving was measured."""
     def uncapped(jobs: pl.DataFrame) -> pl.DataFrame:
         return jobs.filter(pl.col("n_predict").fill_null(-1) <= 0).select("item", "stage").unique()
 
-    mine = p.workloads[run].jobs
+    mine = p.workload(run).jobs
     todo = uncapped(mine)
     if todo.height == 0 or todo["item"].null_count():
         return None
     pairs = set(mine.select("item", "stage").unique().iter_rows())
-    for other in p.sweeps.get(run, []):
-        w = p.workloads.get(other)
-        if other == run or w is None or w.np != p.workloads[run].np:
+    for other in _reruns(p, run)[:RERUNS_READ]:
+        w = p.workload(other)
+        if w.np != p.np_of(run):
             continue
         if set(w.jobs.select("item", "stage").unique().iter_rows()) != pairs:
             continue
         there = w.jobs.join(todo, on=["item", "stage"], how="semi")["n_predict"]
         if there.len() and bool(((there.fill_null(-1) > 0) & (there.fill_null(-1) <= cap)).all()):
+            if other not in p.measured:
+                p.measured.update(predict.measured_figures(metrics.throughput(p.store, [other])))
             return other
     return None
+
+
+RERUNS_READ = 20  # candidate reruns read at most (the setup less its caps, at the run's np)
 
 
 def _saved(p: Planner, run: str, np_: int, with_cap: dict[str, float], without: dict[str, float],
@@ -166,6 +203,23 @@ def whatif(store: Store, run: str, *, np_: int | None = None, cap: int | None = 
     return whatif_with(predict.planner(store, [run], instance=instance), run, np_=np_, cap=cap, concurrency=concurrency)
 
 
+def whatif_all(store: Store, runs: list[str], *, np_: int | None = None, cap: int | None = None,
+               concurrency: int | None = None, instance: str | None = None) -> list[WhatIf]:
+    """``whatif`` of each of ``runs``, each through the planner of its own setup (runs of several setups are never
+    refused: one planner per setup, shared by its runs); a setup the store cannot support raises its
+    ``NotEnoughData``."""
+    _check_positive(np_=np_, cap=cap, concurrency=concurrency)
+    from forensics import runs as runs_mod
+
+    out: dict[str, WhatIf] = {}
+    for p in predict.each_setup(store, runs, instance=instance):
+        if isinstance(p, predict.Unplanned):
+            raise p.error
+        for run in p.targets:
+            out[run] = whatif_with(p, run, np_=np_, cap=cap, concurrency=concurrency)
+    return [out[r] for r in runs_mod.resolve(store, runs).runs if r in out]
+
+
 def _check_positive(**values: int | None) -> None:
     bad = [k.rstrip("_") for k, v in values.items() if v is not None and v < 1]
     if bad:
@@ -177,12 +231,13 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
     """``whatif`` with a planner already built for ``run``."""
     _check_positive(np_=np_, cap=cap, concurrency=concurrency)
     name = store_run(p, run)
-    w = p.workloads[name]
+    w = p.workload(name)
     n = np_ or w.np
     pred, sim = p.predict(name, n, cap=cap, concurrency=concurrency)
-    rows = [band_row(p, f, pred[f], n, measured_at(p, name, n, f)) for f in FIGURES]
-    cuts = pl.DataFrame(schema=CUT_SCHEMA)
     notes = list(p.notes) + list(w.notes)
+    sane = _sanity(p, name, n, pred, notes) if cap is None and concurrency is None else {}
+    rows = [band_row(p, f, pred[f], n, measured_at(p, name, n, f), sane.get(f)) for f in FIGURES]
+    cuts = pl.DataFrame(schema=CUT_SCHEMA)
     if cap is not None:
         base, _ = p.predict(name, n, concurrency=concurrency)
         rows.append(_saved(p, name, n, pred, base, measured_at(p, name, n, "run_s")[0]))
@@ -202,9 +257,25 @@ def whatif_with(p: Planner, run: str, *, np_: int | None = None, cap: int | None
         notes += _speed_spread(p, name) + predict.solo_note(p.model, n)
     conc = concurrency or (n if w.harness.concurrency == w.np else w.harness.concurrency)
     res = WhatIf(name, n, cap, conc, pl.DataFrame(rows, schema=TABLE_SCHEMA, orient="row"), cuts, sim.busy,
-                 p.model, p.pool, p.left_out, p.folds, notes=notes)
+                 p.model, p.pool, p.left_out, p.folds, notes=notes, fold_kind=p.fold_kind)
     res.sentences = sentences(res, w.np, sim)
     return res
+
+
+def _sanity(p: Planner, run: str, np_: int, pred: dict[str, float], notes: list[str]) -> dict[str, predict.Sanity]:
+    """The interpolation check (``predict.sanity``) of ``run`` at an np no healthy run measured, between two that
+    did: only for a healthy run of the setup (another workload is not its neighbours')."""
+    measured = p.measured_nps()
+    if run not in p.healthy or np_ in measured:
+        return {}
+    below, above = [m for m in measured if m < np_], [m for m in measured if m > np_]
+    if not below or not above:
+        return {}
+    a, b = below[-1], above[0]
+    got, said = predict.sanity(np_, (a, b), pred, (p.predict(run, a)[0], p.predict(run, b)[0]),
+                               (p.measured_at(a, p.measured_runs(a)), p.measured_at(b, p.measured_runs(b))))
+    notes += said
+    return {f: s for f, s in got.items() if s.adjusted}
 
 
 SPREAD_NOTE = 1.25  # runs' speeds differing by more than this make a rerun elsewhere another question
@@ -257,7 +328,7 @@ def sentences(res: WhatIf, own_np: int, sim: simulate.Simulated) -> list[str]:
     if res.cap is not None:
         out.append(cap_sentence(res))
     bands = sorted({r["band"] for r in res.table.to_dicts() if r["band"] != "none"})
-    out.append(f"Model: {res.model.describe()}; bands: the largest error of leave-one-run-out over "
+    out.append(f"Model: {res.model.describe()}; bands: the largest error of {res.fold_kind} over "
                f"{len(res.folds['run'].unique())} runs ({', '.join(bands) or 'none'}).")
     return out
 

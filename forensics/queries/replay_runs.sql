@@ -3,7 +3,7 @@
 -- ok), attempts, server requests attributed to the run by the join, wall time (manifest start..end, else
 -- first send..last end) and how the run ended.  A run read from a benchmark's summary alone (no
 -- per-request rows) takes its counts and duration from the summary; `from` says which.
--- Parameters: none.
+-- Parameters: $runs VARCHAR[] (the runs to list).
 -- Relations: runs, attempts, items (store views); replay_requests (the join's requests, registered by
 -- forensics.replay.tables).
 WITH ids AS (
@@ -49,7 +49,7 @@ listed AS (
     LEFT JOIN agg_att aa ON aa.run = i.run
     LEFT JOIN agg_req rq ON rq.run = i.run
     LEFT JOIN aliases al ON al.run = i.run
-    WHERE i.run IS NOT NULL
+    WHERE i.run IS NOT NULL AND i.run IN (SELECT unnest($runs))
 )
 SELECT run, alias, np, items_expected, items_done, items_missing, attempts, requests, wall_s, ended,
        CASE WHEN summary_only THEN 'summary' ELSE 'records' END AS "from"

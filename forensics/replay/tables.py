@@ -21,7 +21,10 @@ def _connect(store: Any) -> duckdb.DuckDBPyConnection:
     """The store's views plus the join's ``replay_matches`` and ``replay_requests``: read from the store when
     the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
     now (a store written before the join stored it, or one whose join could not rewrite every log)."""
-    con = store.connect()
+    from forensics import derived
+
+    facts = ["request_facts"] if "request_facts" in derived.state(store).tables else []
+    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests", *facts])
     _facts(con)
     if store.meta("join_stored") and not store.meta("join_pending"):
         have = view_names(con)
@@ -56,13 +59,30 @@ def _facts(con: duckdb.DuckDBPyConnection) -> None:
 def runs_table(store: Any, runs: list[str] | None = None) -> pl.DataFrame:
     """One row per replay run (those of ``runs`` when given): run, alias, np, items_expected, items_done,
     items_missing, attempts, requests, wall_s, ended, from (records, or summary for a run read from a
-    benchmark's summary alone)."""
+    benchmark's summary alone): as the store's analysis holds them (``run_records``), else worked out."""
+    from forensics import derived
+    from forensics import runs as runs_mod
+    from forensics.session import VERSION, read_derived
+
+    names = runs_mod.resolve(store, runs).runs
+    if not derived.state(store).needs(names, VERSION) and names:
+        got = read_derived(store, "run_records", names)
+        return got.filter(pl.col("listed")).drop("listed").sort("run")
     con = _connect(store)
     try:
-        df = fetch_pl(con, load_query("replay_runs").text)
+        return runs_rows(con, names).filter(pl.col("listed")).drop("listed")
     finally:
         con.close()
-    return df if runs is None else df.filter(pl.col("run").is_in(runs))
+
+
+def runs_rows(con: duckdb.DuckDBPyConnection, runs: list[str]) -> pl.DataFrame:
+    """replay_runs.sql for ``runs`` on a connection with the store's views and the join's relations; every run
+    of ``runs`` gets a row (``listed``: the run has replay records, a manifest or items: what ``forensics runs``
+    lists), so the analysis stores one per run."""
+    got = fetch_pl(con, load_query("replay_runs").text, {"runs": runs})
+    every = pl.DataFrame({"run": runs}, schema={"run": pl.String})
+    return every.join(got.with_columns(pl.lit(True).alias("listed")), on="run", how="left").with_columns(
+        pl.col("listed").fill_null(False))
 
 
 def missing(store: Any, run: str) -> pl.DataFrame:
