@@ -17,14 +17,18 @@ from forensics.sql import load_query
 from forensics.store import fetch_pl, view_names
 
 
-def _connect(store: Any) -> duckdb.DuckDBPyConnection:
-    """The store's views plus the join's ``replay_matches`` and ``replay_requests``: read from the store when
-    the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
-    now (a store written before the join stored it, or one whose join could not rewrite every log)."""
+REPLAY_TABLES = ("runs", "attempts", "items", "matches", "requests")
+
+
+def _connect(store: Any, tables: tuple[str, ...] = REPLAY_TABLES) -> duckdb.DuckDBPyConnection:
+    """Views of the store's ``tables`` (and of the analysis' request_facts, as ``replay_facts``) plus the join's
+    ``replay_matches`` and ``replay_requests``: read from the store when the last ingest stored what the join
+    found (the ``matches`` table, ``requests.replay_run``), else computed now (a store written before the join
+    stored it, or one whose join could not rewrite every log)."""
     from forensics import derived
 
     facts = ["request_facts"] if "request_facts" in derived.state(store).tables else []
-    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests", *facts])
+    con = store.connect(tables=[*tables, *facts])
     _facts(con)
     if store.meta("join_stored") and not store.meta("join_pending"):
         have = view_names(con)
