@@ -31,7 +31,7 @@ from forensics.errors import ExitCode, ForensicsError, InternalError, bug_bounda
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch", "mapping", "export", "planning")
+                   "demo", "watch", "mapping", "export", "planning", "incidents")
 
 
 class ForensicsGroup(click.Group):
@@ -99,6 +99,7 @@ def cli(ctx: click.Context, debug: bool, stores: tuple[str, ...]) -> None:
     forensics deadslots run-42        slots that went bad and stayed bad
     forensics runaways run-42         outputs that ran away
     forensics missing run-42          items missing from a run, and why
+    forensics incidents --precursors  every incident across runs, and what their onsets had in common
     forensics throughput              throughput vs concurrency across runs
 
     Exit codes: 0 ok; 1 findings when --fail-on is given, or a smoke budget failed; 2 usage or input error;

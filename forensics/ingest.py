@@ -284,13 +284,16 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
 
 def voted_format(eng: Engine, kind_counts: Any) -> str | None:
     """The format the most lines of a head belong to (its own formats before the shared ones), counting only
-    kinds that plain text cannot match; None when there is none."""
+    kinds that plain text cannot match; None when there is none, or when every such line is of a kind that
+    is no evidence of a log by itself."""
     votes: Counter[str] = Counter()
+    evidence = False
     for i, n in enumerate(kind_counts if kind_counts is not None else []):
         kind = eng.kinds[i]
         if n and not kind.weak:
             votes[kind.format] += int(n)
-    if not votes:
+            evidence = evidence or kind.evidence
+    if not evidence:  # only lines a note can hold too (``evidence = false``): not a log
         return None
     shared = {name for name, f in load_formats().items() if f.shared}
     own = [(n, f) for f, n in votes.items() if f not in shared]

@@ -77,9 +77,9 @@ def _require_sdk() -> None:
 
 # ---------------------------------------------------------------------------------------------- rows
 def _replay_con(store: Store) -> Any:
-    from forensics.replay.tables import REPLAY_TABLES, _connect
+    from forensics.replay.tables import _connect
 
-    return _connect(store, (*REPLAY_TABLES, "instances"))  # otel_spans.sql reads the instances too
+    return _connect(store, also=("instances",))
 
 
 def request_rows(store: Store, runs: list[str]) -> pl.DataFrame:

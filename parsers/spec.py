@@ -69,6 +69,7 @@ class Kind:
     skip: bool = False  # deliberately ignored: counted in lines_skipped, no event row (must carry no field)
     fallback: bool = False  # catch-all, tried after every specific kind; exempt from the "one kind" check
     weak: bool = False  # a catch-all that plain prose can match too: not evidence that a file is a log
+    evidence: bool = True  # False: a line of this kind alone does not make a file a log (notes can hold it)
     multiline: bool = False  # unknown lines after it are its continuation
     startup: bool = False  # part of a server's start-up banner
     boundary: bool = False  # the first line a new server process writes
@@ -175,7 +176,7 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, ind
         fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys), *(k for k, _ in anywhere)))), frame=frame,
         keys=keys, anywhere=anywhere, role=role, skip=skip,
         fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
-        multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
+        evidence=bool(raw.get("evidence", not raw.get("weak", False))), multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
         boundary=bool(raw.get("boundary", False)), ends=bool(raw.get("ends", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
         exclude=raw.get("exclude", ""), bare=bool(raw.get("bare", False)), loose=bool(raw.get("loose", False)),
     )
