@@ -264,7 +264,7 @@ PROMPT_COLUMNS = ("run", "instance", "slot", "task", "seq", "item", "stage", "pr
 
 register(Finding(
     "dead_slot_sequence", "", "the requests of the slots that may be dead, with the dead-slot verdict",
-    query="deadslots", uses=("runaway",), version="2"))
+    query="deadslots", uses=("runaway", "prompt_over_context"), version="3"))
 register(Finding(
     "dead_slot", "Dead slots", "Slots that went bad and stayed bad: dead from the first of two consecutive abnormal "
     "requests (a runaway, an abnormally long or slow request, a handful of tokens where normal is hundreds, the "

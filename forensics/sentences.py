@@ -81,14 +81,31 @@ class Locations:
         """``path:first-last`` of each request in ``keys`` (run, instance, slot, task), in their order."""
         if keys.height == 0:
             return []
-        if self._by_run is None:  # joined against their own run's requests only: a store holds many runs
-            self._by_run = {k[0]: v for k, v in self.df.partition_by("run", as_dict=True).items()}
-        runs = [r for r in keys["run"].unique().to_list() if r in self._by_run]
-        mine = pl.concat([self._by_run[r] for r in runs]) if runs else self.df.clear()
+        by_run = self._runs()
+        runs = [r for r in keys["run"].unique().to_list() if r in by_run]
+        mine = pl.concat([by_run[r] for r in runs]) if runs else self.df.clear()
         got = keys.select("run", "instance", "slot", "task").join(
             mine, on=["run", "instance", "slot", "task"], how="left", maintain_order="left")
         return [f"{p}:{a}-{b}" if a != b else f"{p}:{a}"
                 for p, a, b in got.select("path", "line_first", "line_last").iter_rows() if p is not None]
+
+    def _runs(self) -> dict[str, pl.DataFrame]:
+        if self._by_run is None:  # joined against their own run's requests only: a store holds many runs
+            self._by_run = {k[0]: v for k, v in self.df.partition_by("run", as_dict=True).items()}
+        return self._by_run
+
+    def http_errors(self, run: str, keys: set[tuple[Any, ...]]) -> dict[str, int]:
+        """HTTP status -> how many of the requests ``keys`` ((instance, slot, task) of ``run``) got it (400 and up)."""
+        if not keys or "http_status" not in self.df.columns:
+            return {}
+        mine = self._runs().get(run)
+        if mine is None:
+            return {}
+        told = pl.DataFrame(list(keys), schema={"instance": mine.schema["instance"], "slot": mine.schema["slot"],
+                                                "task": mine.schema["task"]}, orient="row")
+        got = mine.join(told, on=["instance", "slot", "task"], nulls_equal=True) \
+            .filter(pl.col("http_status") >= 400)["http_status"].value_counts().iter_rows()
+        return {str(k): int(n) for k, n in got}
 
 
 @dataclass
@@ -356,7 +373,9 @@ def failed(rows: pl.DataFrame, ctx: RunContext) -> list[Fact]:
     return [Fact("failed", sentence + f": see `forensics errors {ctx.run}`.", [e for e in mine["evidence"].to_list()
                                                                               if e][:20],
                  {"failed": mine.height, "by_status": {str(k): int(v) for k, v in
-                                                       mine["http_status"].value_counts().iter_rows()}})]
+                                                       mine["http_status"].value_counts().iter_rows()},
+                  "http": {str(k): int(v) for k, v in mine.filter(pl.col("http_status") >= 400)["http_status"]
+                           .value_counts().iter_rows()}})]
 
 
 def _messages(rows: pl.DataFrame, limit: int = 2) -> str:

@@ -98,11 +98,25 @@ def serving_names(session: Analysis, runs: list[str]) -> dict[str, set[str]]:
 def _facts(run: str, by_run: _ByRun, ctx: RunContext) -> list[Fact]:
     for f in registry.findings():
         if f.sentence is not None:
-            ctx.facts += f.sentence(by_run.of(f.name, run), ctx)
+            before = set(ctx.told)
+            said = f.sentence(by_run.of(f.name, run), ctx)
+            _count_http(said, ctx, ctx.told - before)
+            ctx.facts += said
     notes = [fact for fact in ctx.facts if fact.severity == NOTE]
     if all(fact.severity != FINDING for fact in ctx.facts):
         return [healthy(ctx.stats), *notes]
     return [fact for fact in ctx.facts if fact.severity != NOTE] + notes
+
+
+def _count_http(said: list[Fact], ctx: RunContext, told: set[tuple[Any, ...]]) -> None:
+    """Each sentence's HTTP errors (``http``: status -> requests) among the requests it told, on its first fact
+    (the failed sentence counts its own, attempts that never reached a slot included): every HTTP error of a
+    run is counted by the sentence that tells it."""
+    if not said or "http" in said[0].fields:
+        return
+    got = ctx.loc.http_errors(ctx.run, told)
+    if got:
+        said[0].fields["http"] = got
 
 
 def verdict(source: Store | Analysis, runs: str | list[str] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,153 @@ README_TRUTH: dict[str, dict[str, Any]] = {
 }
 
 
-# What labels.json does not hold but the folder's README states: prompts the server cut or refused, by how,
-# and how many ("the analyze prompts of TSLA and HD ... it cut each prompt to fit"; "2 prompts rejected with HTTP
-# 400").
-PROMPTS_FROM_README: dict[tuple[str, str], tuple[str, int]] = {
-    ("b3605", "truncated"): ("truncated", 2),
-    ("b11312", "overlong"): ("rejected", 2),
+# What labels.json does not hold but the folder's README states: HTTP errors of the folders recorded before
+# labels.json named them ("The server rejected each with HTTP 400"; "answered HTTP 500 `context shift is
+# disabled` ... (12 HTTP 500s)").
+HTTP_FROM_README: dict[tuple[str, str], dict[int, int]] = {
+    ("b11312", "overlong"): {400: 2},
+    ("b4747", "runaway-nocs"): {500: 12},
 }
+
+# The README's words for prompts the server cut to fit (`input truncated`), which labels.json does not count
+# ("their extract quoting the whole runaway is silently cut by the server ('input truncated')": one per runaway).
+PROMPTS_CUT_FROM_README: dict[tuple[str, str], int] = {
+    ("b3605", "truncated"): 2,
+    ("b4579", "nots-runaway-ctxshift"): 4,
+}
+
+# An HTTP 400 whose error says the prompt did not fit: the server refused it for its length.
+REFUSED = regex.compile(r"exceeds the available context size|prompt is too long|is larger than the max context")
+
+ItemStage = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class DeadSlot:
+    """A slot that went bad and stayed bad: its number, the item x stage it went bad on (None: not said) and the
+    items it lost (its items from that one on that are missing at some stage)."""
+
+    slot: int
+    first_bad: ItemStage | None
+    items_lost: frozenset[str]
+    items_after: frozenset[str]  # its items from the one it went bad on
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A server that died: its exit code, and when: ``run`` (it died while the run went on) or ``shutdown`` (it
+    exited badly, or was killed, when the harness stopped it)."""
+
+    server: str
+    code: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class Truth:
+    """One reading of both label formats (the b11312/b4747/b3605 folders' ``uncapped_requests``, the 2026-12
+    folders' ``planted``/``uncapped_stopped_by``/...) and of the READMEs where the labels are silent: the same
+    assertions hold on every folder.
+
+    * ``runaways_may``: every item x stage sent without an output cap (a runaway may be any of them, never
+      another); ``runaways_must``: those that ran to the context or past it (not ended by their own EOS) and are
+      not the dead slot's, whose requests the dead-slot finding tells; ``runaway_attempts``: how many attempts
+      of those (a retried one runs away each time);
+    * ``client_s``: (item, stage, attempt) -> seconds the client waited, for the uncapped attempts;
+    * ``dead_slot``; ``prompts``: how -> count (``rejected``: refused with HTTP 400 for its length; ``filled``:
+      padded by the harness to fill the slot (``fullprompt``); ``truncated``: cut to fit, from the README);
+    * ``missing``, ``timeouts``, ``failovers``, ``crashes``, ``http``: HTTP errors by status.
+    """
+
+    n_requests: int | None = None
+    outcomes: dict[str, int] = field(default_factory=dict)
+    runaways_may: frozenset[ItemStage] = frozenset()
+    runaways_must: frozenset[ItemStage] = frozenset()
+    runaway_attempts: int = 0
+    client_s: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    dead_slot: DeadSlot | None = None
+    prompts: dict[str, int] = field(default_factory=dict)
+    missing: frozenset[ItemStage] = frozenset()
+    timeouts: int = 0
+    failovers: int = 0
+    crashes: tuple[Crash, ...] = ()
+    http: dict[int, int] = field(default_factory=dict)
+    stop_signal: str | None = None
+
+    @property
+    def run_crashes(self) -> list[Crash]:
+        return [c for c in self.crashes if c.phase == "run"]
+
+
+def _pair(d: dict[str, Any]) -> ItemStage:
+    return (str(d.get("item") or d.get("ticker")), str(d["stage"]))
+
+
+def _dead_slot(t: dict[str, Any], missing: frozenset[ItemStage]) -> DeadSlot | None:
+    ds = t.get("dead_slot")
+    if not ds:
+        return None
+    items = list(ds.get("items_on_it") or [])
+    first = ds.get("first_bad_request")
+    idx = ds.get("from_worker_item_index")
+    if first:
+        bad: ItemStage | None = _pair(first)
+    elif idx is not None and idx < len(items):
+        bad = (items[idx], "analyze")  # the old labels: its first bad item, whose first stage is analyze
+    else:
+        bad = None
+    after = items[items.index(bad[0]):] if bad and bad[0] in items else items
+    return DeadSlot(int(ds["slot"]), bad, frozenset(it for it, _ in missing if it in after), frozenset(after))
+
+
+def _crashes(t: dict[str, Any]) -> tuple[Crash, ...]:
+    out = []
+    stops = t.get("server_stop") or {}
+    for server, code in (t.get("server_exit") or {}).items():
+        if code in (0, None):
+            continue
+        died_before = str(stops.get(server, "")).startswith("already exited")
+        if code == -2 and not died_before:
+            continue  # SIGINT ended it as the harness stopped it: a normal stop
+        out.append(Crash(server, int(code), "run" if died_before else "shutdown"))
+    return tuple(out)
+
+
+def normalise(t: dict[str, Any], build: str, scenario: str) -> Truth:
+    """The truth of a folder from its labels (either format) and what its README says that they do not."""
+    missing = frozenset(_pair(m) for m in t.get("missing") or [])
+    dead = _dead_slot(t, missing)
+    if "planted" in t or "uncapped_stopped_by" in t:  # the 2026-12 labels
+        uncapped = [p for p in t.get("planted") or [] if p.get("n_predict") is None
+                    and p.get("kind") in ("uncapped", "dead-slot")]
+        stopped = t.get("uncapped_stopped_by") or []
+        may = frozenset(_pair(p) for p in uncapped) | frozenset(_pair(u) for u in stopped)
+        ran_on = [u for u in stopped if not str(u.get("stopped_by", "")).startswith("server: stop_type eos")]
+        if dead:
+            ran_on = [u for u in ran_on if u["ticker"] not in dead.items_after]
+        must = frozenset(_pair(u) for u in ran_on)
+        client_s = {(u["ticker"], u["stage"], int(u.get("attempt") or 1)): float(u["client_duration_s"])
+                    for u in stopped if u.get("client_duration_s") is not None}
+        http = dict(Counter(int(h["http_status"]) for h in t.get("http_errors") or [] if h.get("http_status")))
+        refused = sum(1 for h in t.get("http_errors") or [] if h.get("http_status") == 400
+                      and REFUSED.search(str(h.get("error") or "")))
+        filled = sum(1 for p in t.get("planted") or [] if p.get("kind") == "fullprompt")
+        prompts = {k: n for k, n in (("rejected", refused), ("filled", filled)) if n}
+        attempts = len(ran_on)
+    else:  # the older labels: every uncapped item x stage ran away, each attempt of it
+        may = must = frozenset(_pair(u) for u in t.get("uncapped_requests") or [])
+        if dead:
+            must = frozenset(p for p in must if p[0] not in dead.items_after)
+        client_s, http = {}, dict(HTTP_FROM_README.get((build, scenario), {}))
+        prompts = {"rejected": http[400]} if http.get(400) else {}
+        attempts = len(must)
+    cut = PROMPTS_CUT_FROM_README.get((build, scenario))
+    if cut:
+        prompts["truncated"] = cut
+    return Truth(n_requests=t.get("n_requests"), outcomes=dict(t.get("outcomes") or {}), runaways_may=may,
+                 runaways_must=must, runaway_attempts=attempts, client_s=client_s, dead_slot=dead, prompts=prompts,
+                 missing=missing, timeouts=len(t.get("timeouts") or []), failovers=len(t.get("failovers") or []),
+                 crashes=_crashes(t), http=http, stop_signal=t.get("stop_signal"))
 
 
 @dataclass
@@ -51,6 +192,16 @@ class RunFolder:
         return f"{self.build}/{self.scenario}" if self.build else self.scenario
 
     @property
+    def facts(self) -> Truth:
+        """The truth, one reading of both label formats (``normalise``)."""
+        return normalise(self.truth, self.build, self.scenario)
+
+    @property
+    def records(self) -> bool:
+        """The harness's records are in the folder (attempts.jsonl or client_requests.jsonl)."""
+        return any((self.path / n).is_file() for n in ("attempts.jsonl", "client_requests.jsonl"))
+
+    @property
     def kv_warnings(self) -> int:
         """How many "failed to find free space in the KV cache" lines the README says the log holds (0: none said)."""
         readme = self.path / "README.md"
@@ -60,17 +211,13 @@ class RunFolder:
         return max((int(n.replace(",", "")) for n in got), default=0)
 
     @property
-    def prompts(self) -> tuple[str, int] | None:
-        """(how, how many) of the prompts over the slot's context, when the README says there were some."""
-        return PROMPTS_FROM_README.get((self.build, self.scenario))
-
-    @property
     def healthy(self) -> bool:
-        """Nothing went wrong, by the truth: every request ok, no runaway, dead slot, timeout or missing item."""
-        t = self.truth
-        return (set((t.get("outcomes") or {}).keys()) <= {"ok"} and not t.get("uncapped_requests") and not self.prompts
-                and not t.get("dead_slot") and not t.get("timeouts") and not t.get("failovers")
-                and not t.get("missing") and not t.get("kv_stall"))
+        """Nothing went wrong, by the truth: every request ok, no runaway, dead slot, timeout, prompt over the
+        context, HTTP error, crash or missing item."""
+        f = self.facts
+        return (set(f.outcomes) <= {"ok"} and not f.runaways_may and not f.prompts and not f.dead_slot
+                and not f.timeouts and not f.failovers and not f.missing and not f.http and not f.run_crashes
+                and not self.truth.get("kv_stall"))
 
 
 def _has_log(p: Path) -> bool:

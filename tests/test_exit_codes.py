@@ -85,7 +85,7 @@ def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: py
     assert err.startswith("Traceback (most recent call last):") and "ZeroDivisionError" in err
 
 
-COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"],
+COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"], ["incidents"],
             ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"], ["verdict"],
             ["compare"], ["compact"], ["watch"], ["demo"], ["whatif"], ["recommend"], ["export", "otel"],
             ["mapping", "init"]]

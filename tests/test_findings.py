@@ -53,7 +53,7 @@ def test_dead_slots_exact(store: Store) -> None:
     got = df.select("run", "slot", "seq", "task", "line", "requests_affected", "recovered", "why").rows()
     assert got == [
         ("dead", 1, 5, 13, 101, 6, False, "long,slow"),  # seq 5..10 on slot 1 all ran 40x slower per token
-        ("one-token", 2, 4, 11, 87, 5, False, "runaway,long,few_tokens"),  # the runaway, then 4 one-token outputs
+        ("one-token", 2, 4, 11, 87, 5, False, "runaway,context,long,few_tokens"),  # the runaway, then 4 one-token outputs
     ]
     start = next(r for r in S.dead().rows if r["slot"] == 1 and r["seq"] == 5)["elapsed_start_s"]
     # no wall clock in these logs: dead_from is empty, the server's own clock has a column of its own
@@ -69,7 +69,7 @@ def test_explain_sequence(store: Store) -> None:
     rep = F.dead_slot_report(store, "one-token")
     seq = rep.sequence.select("seq", "gen_tokens", "abnormal", "why").rows()
     assert seq == [(1, S.HEALTHY_TOKENS[19], False, ""), (2, S.HEALTHY_TOKENS[22], False, ""),
-                   (3, S.HEALTHY_TOKENS[25], False, ""), (4, 3600, True, "runaway,long"),
+                   (3, S.HEALTHY_TOKENS[25], False, ""), (4, 3600, True, "runaway,context,long"),
                    (5, 1, True, "few_tokens"), (6, 1, True, "few_tokens"), (7, 1, True, "few_tokens"),
                    (8, 1, True, "few_tokens")]
 
@@ -162,7 +162,7 @@ def test_cli_deadslots_json_and_fail_on(store: Store) -> None:
     assert json.loads(res.stdout) == [{
         "run": "one-token", "instance": "main", "slot": 2, "dead_from": None, "since_start_s": round(start, 3),
         "seq": 4, "task": 11,
-        "line": 87, "requests_affected": 5, "items_lost": None, "recovered": False, "why": "runaway,long,few_tokens"}]
+        "line": 87, "requests_affected": 5, "items_lost": None, "recovered": False, "why": "runaway,context,long,few_tokens"}]
     res = runner.invoke(cli, ["deadslots", "healthy", "--fail-on", "any", "--store", str(store.root)])
     assert res.exit_code == 0
     res = runner.invoke(cli, ["runaways", "two-slots", "--fail-on", "any", "--format", "csv",

@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from forensics import findings
 from forensics import incidents as inc
 from forensics.cli import cli
 from forensics.generate import generate
@@ -160,7 +161,17 @@ def test_real_incidents_are_what_the_harness_did(real_store: Store, name: str) -
     assert runaways.height >= len({s for s in uncapped if s[1] == "analyze"})
     slot_truth = t.get("dead_slot") or t.get("fullprompt_slot")
     on_slots = rows.filter(pl.col("kind").is_in(["dead_slot", "runaway"]))
-    if slot_truth:
+    if t.get("fullprompt_slot") and not t.get("dead_slot"):
+        # the harness padded the slot's prompts to fill it (labels: no dead slot): the prompts filled the slot, not
+        # a slot that went bad or an output that ran away; the prompt-over-context finding tells them, from the
+        # planted request on (tests/test_real_runs.py checks how many)
+        bad = t["fullprompt_slot"]["first_bad_request"]  # type: ignore[index]
+        assert on_slots.height == 0, on_slots
+        filled = findings.find_prompt_over_context(real_store, name).filter(
+            pl.col("slot") == t["fullprompt_slot"]["slot"]).sort("seq")  # type: ignore[index]
+        assert filled.height and filled.row(0, named=True)["item"] == bad["ticker"], filled
+        assert filled.row(0, named=True)["stage"] == bad["stage"], filled
+    elif slot_truth:
         bad = slot_truth["first_bad_request"]  # type: ignore[index]
         assert set(on_slots["slot"].to_list()) == {slot_truth["slot"]}  # type: ignore[index]
         first = on_slots.sort("onset").row(0, named=True)

@@ -206,9 +206,14 @@ def test_the_runaway_that_finished_is_tied_by_its_tokens_not_the_cancelled_one_b
     req = store.table("requests").filter(pl.col("task") == 2318).row(0, named=True)
     assert req["gen_tokens"] == 835 and req["clock"] == "attempt"
     assert round((req["t_end"] - req["t_start"]).total_seconds(), 2) == 108.93  # its own total_ms
-    # the timed-out tries cannot be told apart on a log without time: ambiguous, never "rejected before a slot"
+    # the timed-out tries: on a log without time, the order of the tasks between the tied requests and the cancel
+    # lines tie each to its attempt (README: "The server cancelled each abandoned task when its client went"),
+    # never "rejected before a slot"
     missing = replay_tables.missing(store, "b4747-runaway-timeouts").filter(pl.col("reason") == "timeout")
-    assert missing["evidence"].to_list() == ["server request ambiguous: 11 candidates (order)"] * 3
+    assert missing["evidence"].str.starts_with("server stopped with the client: main slot ").all()
+    assert not missing["evidence"].str.contains("rejected").any()
+    tied = store.table("matches").filter(pl.col("item").is_in(["NVDA", "JPM", "KO"]) & (pl.col("stage") == "analyze"))
+    assert tied["match"].to_list() == ["matched"] * 9
 
 
 def test_missing_says_unknown_rather_than_zero(tmp_path: Path) -> None:

@@ -38,16 +38,16 @@ def test_join_matches_ground_truth(tmp_path: Path, fmt: str, wrapper: str | None
     assert matches.filter(pl.col("match") == "ambiguous").height + got.height >= truth.height
     # the main and the backup instance are both there, kept apart by their log files
     assert set(got["instance"]) == {"main", "backup"}
-    # after the join every server request of the run has an absolute time, but on a log without time a request
-    # whose length it does not give (cancelled) and that served no attempt: no end, and no start when the one
-    # before it on its slot has no end either (era 4: the dead slot's two cancelled requests, seq 3 and 4)
+    # after the join every server request of the run has an absolute time; on a log without time the dead slot's
+    # two cancelled requests (slot 1, seq 3 and 4), whose length the log does not give, are tied to their timed-out
+    # attempts by the order of the tasks, and take their times from them
     req = s.table("requests").filter(pl.col("run") == "run-deadslot")
     assert req.height == gen.requests
     untimed = req.filter(pl.col("t_start").is_null() | pl.col("t_end").is_null())
     if fmt == "era4" and wrapper is None:
-        assert untimed.select("slot", "seq", "total_ms", pl.col("t_start").is_null()).rows() == [
-            (1, 3, None, False), (1, 4, None, True)]
-        assert set(req["clock"]) == {"attempt", "order", None}
+        assert untimed.height == 0
+        assert set(req["clock"]) <= {"attempt", "order"}
+        assert req.filter((pl.col("slot") == 1) & pl.col("seq").is_in([3, 4]))["clock"].to_list() == ["attempt"] * 2
     else:
         assert untimed.height == 0
         assert set(req["clock"]) == ({"log"} if wrapper == "journald" else {"anchored"})

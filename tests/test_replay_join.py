@@ -50,23 +50,25 @@ def test_order_only_log_matches_by_slot_tokens_and_order_and_estimates_times() -
     got = {(r[0], r[1][0], r[2]): r[3:] for r in rows(jr.matches, ["item", "stage", "attempt", "task", "match", "reason"])}
     assert got[("AAPL", "e", 1)] == (1, "matched", "slot+tokens+order")
     assert got[("MSFT", "e", 1)] == (2, "matched", "status+order")  # R2 is the only request with HTTP 500
-    # no slot, no tokens, no time: the two unused slot-1 requests (tasks 5 and 8) both fit
-    assert got[("NVDA", "e", 1)][1:] == ("ambiguous", "2 candidates (order)")
+    # no slot, no tokens, no time: the two unused slot-1 requests (tasks 5 and 8) both fit; the order of the
+    # tasks narrows attempt 1 (sent between tasks 4 and 6, as task 5 was) to task 5 alone; attempt 2 and TSLA's
+    # summarize (sent after task 7) are both left with task 8: ambiguous
+    assert got[("NVDA", "e", 1)] == (5, "matched", "order+between")
     assert got[("NVDA", "e", 2)][1:] == ("ambiguous", "2 candidates (order)")
     assert got[("TSLA", "e", 1)] == (7, "matched", "slot+tokens+order")
     summarize = {r[0]: r[1:] for r in rows(jr.matches.filter(pl.col("stage") == "summarize"),
                                            ["item", "task", "match"])}
     assert summarize == {"AAPL": (4, "matched"), "MSFT": (6, "matched"), "TSLA": (5, "ambiguous")}
-    # times: a matched request starts at its attempt's send and lasts total_ms; unmatched ones follow the
-    # previous request on their slot: task 5 after task 3 (1.2 + 3.9 = 5.1 s) for 29.75 s -> 34.85 s,
-    # task 8 after it for 45 s -> 79.85 s.
+    # times: a matched request starts at its attempt's send and lasts total_ms (task 5: NVDA's first attempt, sent
+    # at 5.3 s, for 29.75 s -> 35.05 s); unmatched ones follow the previous request on their slot: task 8 after
+    # task 5 for 45 s -> 80.05 s.
     t = {r[0]: (r[1], r[2]) for r in jr.requests.select("task", "t_start", "t_end").iter_rows()}
     base = "2026-03-02T10:00:00"
     assert t[1] == (at(base, 0.0), at(base, 3.9))
     assert t[2] == (at(base, 0.1), at(base, 0.15))
     assert t[3] == (at(base, 1.2), at(base, 5.1))
-    assert t[5] == (at(base, 5.1), at(base, 34.85))
-    assert t[8] == (at(base, 34.85), at(base, 79.85))
+    assert t[5] == (at(base, 5.3), at(base, 35.05))
+    assert t[8] == (at(base, 35.05), at(base, 80.05))
     assert jr.requests["t_start"].null_count() == 0
 
 

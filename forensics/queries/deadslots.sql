@@ -4,6 +4,8 @@
 --
 -- A request is abnormal when (reasons listed in `why`):
 --   runaway     it is in fx_runaway (the rows of runaways.sql)
+--   context     its output reached the slot's context (fx_requests.ctx_full: a context shift, stop reason
+--               `context`, "context shift is disabled", truncated at release)
 --   long        seconds > $long_factor x the median seconds of the clean requests of its baseline
 --               group, and seconds >= $min_seconds
 --   slow        ms per generated token > $slow_factor x the group's median (2 or more tokens)
@@ -12,6 +14,10 @@
 --               the client's fault) with the same error shape as the slot's previous or next request
 -- Baseline group: run and stage when stages are known, else run and instance; the whole run when the
 -- group has fewer than $min_group clean requests.
+-- Two kinds of request say nothing about the slot and are read past, like a cancelled one: a request whose own
+-- prompt filled or was cut to the slot's context (fx_prompt_over_context: shorter prompts, not a restart, help),
+-- and a runaway whose item and stage ran away on an earlier attempt (the fault travels with the request: a
+-- failover of runaways to a backup's slot does not make that slot dead).
 -- A slot is dead from the first of two consecutive abnormal requests on it that are not two attempts of the
 -- same item and stage (a retry landing on the same slot says nothing about the slot), from the first request of
 -- the streak of abnormal requests that pair is in.  A request the client
@@ -30,7 +36,8 @@
 --                      none recovered) the requests were bad, not the slots (dead_seq is then null)
 -- Parameters: $long_factor DOUBLE, $min_seconds DOUBLE, $slow_factor DOUBLE, $few_tokens BIGINT,
 --   $few_normal DOUBLE, $min_group BIGINT, $has_matches BOOLEAN.
--- Relations: fx_requests (the requests of the chosen runs), fx_runaway (run, instance, slot, task), fx_lost.
+-- Relations: fx_requests (the requests of the chosen runs), fx_runaway (run, instance, slot, task),
+-- fx_prompt_over_context (run, instance, slot, task), fx_lost.
 WITH req AS NOT MATERIALIZED (
     SELECT * FROM fx_requests
 ),
@@ -56,16 +63,28 @@ base AS (
     LEFT JOIN grp g USING (run, bgroup)
     LEFT JOIN whole w USING (run)
 ),
-flags AS (
-    SELECT b.*,
-           x.task IS NOT NULL AS f_runaway,
-           coalesce(b.seconds > $long_factor * b.sec_q AND b.seconds >= $min_seconds, false) AS f_long,
-           coalesce(b.tpot_ms > $slow_factor * b.tpot_med, false) AS f_slow,
-           coalesce(b.gen_tokens <= $few_tokens AND NOT b.same_err AND b.gen_med >= $few_normal, false) AS f_few,
-           CASE WHEN b.same_err THEN b.fail_shape END AS fail_of
+flags0 AS (
+    SELECT b.*, x.task IS NOT NULL AS ran_away, p.task IS NOT NULL AS by_prompt
     FROM base b
     LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_runaway) x
            ON x.run = b.run AND x.instance = b.instance AND x.slot = b.slot AND x.task = b.task
+    LEFT JOIN (SELECT DISTINCT run, instance, slot, task FROM fx_prompt_over_context) p
+           ON p.run = b.run AND p.instance = b.instance AND p.slot = b.slot AND p.task = b.task
+),
+flags AS (
+    SELECT b.*,
+           b.ran_away AND NOT b.by_prompt AS f_runaway,
+           coalesce(b.ctx_full AND NOT b.by_prompt, false) AS f_context,
+           coalesce(b.seconds > $long_factor * b.sec_q AND b.seconds >= $min_seconds AND NOT b.by_prompt, false) AS f_long,
+           coalesce(b.tpot_ms > $slow_factor * b.tpot_med, false) AS f_slow,
+           coalesce(b.gen_tokens <= $few_tokens AND NOT b.same_err AND b.gen_med >= $few_normal AND NOT b.by_prompt,
+                    false) AS f_few,
+           CASE WHEN b.same_err AND NOT b.by_prompt THEN b.fail_shape END AS fail_of,
+           -- said nothing about the slot: a request its own prompt filled or cut (prompt_over_context tells
+           -- it), or a runaway whose item and stage ran away on an earlier attempt (elsewhere or here)
+           b.by_prompt OR coalesce(b.ran_away AND b.attempt > min(CASE WHEN b.ran_away THEN b.attempt END)
+                                       OVER (PARTITION BY b.run, b.item, b.stage), false) AS says_nothing
+    FROM flags0 b
 ),
 -- Only a slot with two abnormal requests in a row can be dead.  A first pass over narrow rows finds
 -- those slots (one sort gives both neighbours of a request and whether the next one is abnormal too:
@@ -76,9 +95,12 @@ pairs AS (
            AND (lead(flagged) OVER w_slot
                 OR coalesce(lead(fail_of) OVER w_slot = fail_of
                             OR lead(fail_of) OVER w_slot = lead(fail_of, 2) OVER w_slot, false)) AS pair
-    FROM (SELECT run, instance, slot, seq, line_first, fail_of, f_runaway OR f_long OR f_slow OR f_few AS flagged
+    FROM (SELECT run, instance, slot, seq, line_first, fail_of,
+                 f_runaway OR f_context OR f_long OR f_slow OR f_few AS flagged
           FROM flags
-          WHERE NOT (coalesce(stop_reason = 'cancelled', false) AND NOT (f_runaway OR f_long OR f_slow OR f_few)))
+          WHERE NOT (coalesce(stop_reason = 'cancelled', false)
+                     AND NOT (f_runaway OR f_context OR f_long OR f_slow OR f_few))
+            AND NOT says_nothing)
     WINDOW w_slot AS (PARTITION BY run, instance, slot ORDER BY seq, line_first)
 ),
 seqd AS (
@@ -92,11 +114,11 @@ seqd AS (
     WINDOW w_slot AS (PARTITION BY f.run, f.instance, f.slot ORDER BY f.seq, f.line_first)
 ),
 marked AS (
-    SELECT *, (f_runaway OR f_long OR f_slow OR f_few OR f_error) AS abnormal,
+    SELECT *, (f_runaway OR f_context OR f_long OR f_slow OR f_few OR f_error) AS abnormal,
            -- a request the client cancelled, with nothing abnormal so far, was cut short: its state is unknown,
-           -- and the pairs are read over the others
+           -- and the pairs are read over the others; so are the requests that say nothing about the slot
            coalesce(stop_reason = 'cancelled', false)
-           AND NOT (f_runaway OR f_long OR f_slow OR f_few OR f_error) AS unknown
+           AND NOT (f_runaway OR f_context OR f_long OR f_slow OR f_few OR f_error) OR says_nothing AS unknown
     FROM seqd
 ),
 known AS (
@@ -110,10 +132,12 @@ known AS (
                             AND stage IS NOT DISTINCT FROM lead(stage) OVER w_slot, false) AS starts_pair,
            -- the reasons of this request and, after them, the next one's that this one has not
            concat_ws(',',
-               CASE WHEN f_runaway THEN 'runaway' END, CASE WHEN f_long THEN 'long' END,
+               CASE WHEN f_runaway THEN 'runaway' END, CASE WHEN f_context THEN 'context' END,
+               CASE WHEN f_long THEN 'long' END,
                CASE WHEN f_slow THEN 'slow' END, CASE WHEN f_few THEN 'few_tokens' END,
                CASE WHEN f_error THEN 'same_error' END,
                CASE WHEN lead(f_runaway) OVER w_slot AND NOT f_runaway THEN 'runaway' END,
+               CASE WHEN lead(f_context) OVER w_slot AND NOT f_context THEN 'context' END,
                CASE WHEN lead(f_long) OVER w_slot AND NOT f_long THEN 'long' END,
                CASE WHEN lead(f_slow) OVER w_slot AND NOT f_slow THEN 'slow' END,
                CASE WHEN lead(f_few) OVER w_slot AND NOT f_few THEN 'few_tokens' END,
@@ -183,6 +207,7 @@ SELECT p.run, p.instance, p.slot, p.seq, p.task, p.item, p.stage, p.gen_tokens, 
        p.stop_reason, p.http_status, p.abnormal, p.unknown,
        concat_ws(',',
            CASE WHEN p.f_runaway THEN 'runaway' END,
+           CASE WHEN p.f_context THEN 'context' END,
            CASE WHEN p.f_long THEN 'long' END,
            CASE WHEN p.f_slow THEN 'slow' END,
            CASE WHEN p.f_few THEN 'few_tokens' END,

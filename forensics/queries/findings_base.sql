@@ -16,8 +16,10 @@
 --              own, as the join placed it): log (absolute times on the lines), anchored (elapsed time + a known
 --              start), aligned (elapsed time aligned to the attempts' send times), attempt (placed at the attempt
 --              it served), order (estimated from the order on its slot), null (nothing places it)
---   seconds    how long it ran: the server's timings (total_ms) when they are above zero, else its end - its
---              start, else the elapsed end - start; never 0 for a request that ran (null: unknown)
+--   seconds    how long it ran: the server's timings (total_ms) when they are above zero; for a request still
+--              running when its log ends (killed, hung at shutdown), until its client saw the connection end when
+--              that is later; else its end - its start, else the elapsed end - start; never 0 for a request that
+--              ran (null: unknown)
 --   tpot_ms    gen_ms / gen_tokens (per generated token; null below 2 tokens)
 --   ctx_slot   slot context: the request's n_ctx_slot, else the instance's n_ctx_slot, else n_ctx / n_slots
 --   cap_sent   the output cap the harness asked for (its attempt's max_tokens; null: none or unknown)
@@ -33,7 +35,9 @@
 --   prompt_truncated  the prompt was cut to fit: `input truncated`, or `truncated` at release while the slot's
 --              context was not full (no context shift, no stop at the training context): b3600-era builds cut it
 --              without a line at default verbosity
---   prompt_rejected  its error says the prompt did not fit the context (every build's wording)
+--   prompt_rejected  its error says the prompt did not fit the context (every build's wording), and its prompt is
+--              not known to be shorter than the slot's context (b4579 says "Input prompt is too big compared to KV
+--              size" to every request of a batch that failed to decode, 4-token prompts included)
 --   ctx_error  its error says generation hit the end of the context ("context shift is disabled": HTTP 500 of
 --              b3812-b5408 with --no-context-shift, the output filled the context; not the prompt)
 --   ctx_full   it reached the slot's context by the server's own word: a context shift, stop reason `context`,
@@ -57,7 +61,8 @@ m AS (
 ),
 att AS (  -- what the harness sent and got for each attempt tied to a request
     SELECT m.run, m.instance, m.slot, m.task, any_value(a.max_tokens) AS cap_sent,
-           any_value(a.tokens_evaluated) AS a_prompt, any_value(a.tokens_predicted) AS a_gen
+           any_value(a.tokens_evaluated) AS a_prompt, any_value(a.tokens_predicted) AS a_gen,
+           max(a.ended_at) AS a_end
     FROM fx_matches m
     JOIN attempts a ON a.run = m.run AND a.item = m.item AND a.stage = m.stage AND a.attempt = m.attempt
     GROUP BY m.run, m.instance, m.slot, m.task
@@ -76,7 +81,7 @@ cancels AS (
 r0 AS (
     SELECT r.*, coalesce(r.n_ctx_slot, i.i_ctx_slot, CAST(i.i_ctx / nullif(i.i_slots, 0) AS BIGINT)) AS ctx_slot_,
            i.i_ctx_slot, i.i_basis, i.i_line_last, i.i_crashed, c.task IS NOT NULL AS train_capped,
-           k.task IS NOT NULL AS cancel_line, m.item, m.stage, m.attempt, a.cap_sent, a.a_gen,
+           k.task IS NOT NULL AS cancel_line, m.item, m.stage, m.attempt, a.cap_sent, a.a_gen, a.a_end,
            coalesce(r.prompt_tokens, a.a_prompt, s.s_prompt) AS prompt_,
            CASE WHEN r.prompt_tokens IS NOT NULL THEN 'log' WHEN a.a_prompt IS NOT NULL THEN 'attempt'
                 WHEN s.s_prompt IS NOT NULL THEN 'retry' END AS prompt_source
@@ -117,13 +122,15 @@ SELECT r.run, r.instance, r.instance_id, r.path, r.slot, r.task, r.seq, r.item, 
        r.prompt_ AS prompt_tokens, r.prompt_source, r.cached_tokens,
        r.gen_ AS gen_tokens, r.gen_tokens AS gen_logged, r.gen_ms,
        CASE WHEN r.total_ms > 0 THEN r.total_ms / 1000.0
+            WHEN NOT coalesce(r.complete, true) AND epoch(r.a_end) > coalesce(epoch(r.t_end), epoch(r.t_start))
+                 THEN epoch(r.a_end) - epoch(r.t_start)
             WHEN epoch(r.t_end) > epoch(r.t_start) THEN epoch(r.t_end) - epoch(r.t_start)
             WHEN r.elapsed_end_s > r.elapsed_start_s THEN r.elapsed_end_s - r.elapsed_start_s END AS seconds,
        CASE WHEN r.gen_tokens >= 2 AND r.gen_ms IS NOT NULL THEN r.gen_ms / r.gen_tokens END AS tpot_ms,
        r.n_past_end, r.ctx_slot_ AS ctx_slot,
        r.stop_reason, r.truncated, r.context_shift, r.n_predict, r.cap_sent, r.cap_ AS cap,
-       CASE WHEN r.cancel_line OR coalesce(r.stop_reason = 'cancelled', false) THEN 'client'
-            WHEN r.error IS NOT NULL OR coalesce(r.stop_reason = 'error', false) THEN 'error'
+       CASE WHEN r.error IS NOT NULL OR coalesce(r.stop_reason = 'error', false) THEN 'error'
+            WHEN r.cancel_line OR coalesce(r.stop_reason = 'cancelled', false) THEN 'client'
             WHEN r.train_capped THEN 'n_ctx_train'
             WHEN NOT coalesce(r.complete, true) THEN 'shutdown'
             WHEN r.ctx_full_ OR coalesce(r.n_past_end >= r.ctx_slot_, false) THEN 'context'
@@ -134,7 +141,8 @@ SELECT r.run, r.instance, r.instance_id, r.path, r.slot, r.task, r.seq, r.item, 
        r.http_status, r.error, r.complete,
        r.p_trunc AS prompt_truncated,
        coalesce(regexp_matches(lower(r.error), 'exceeds the available context size|input prompt is too big'
-                               || '|is larger than the max context size|prompt is too long'), false) AS prompt_rejected,
+                               || '|is larger than the max context size|prompt is too long'), false)
+       AND NOT coalesce(r.prompt_ < r.ctx_slot_, false) AS prompt_rejected,
        coalesce(regexp_matches(lower(r.error), 'context shift is disabled'), false) AS ctx_error,
        r.ctx_full_ AS ctx_full,
        r.t_start, r.t_end,

@@ -6,7 +6,8 @@
 -- could be it).  What the log does not tell is said to be unknown (the server's end, its tokens), never 0.
 -- Parameters: $run  the run id.
 -- Relations: items, attempts, runs (store views); replay_matches, replay_requests (the join's matches and
--- requests with absolute times, registered by forensics.replay.tables).
+-- requests with absolute times, registered by forensics.replay.tables); replay_facts (each request's instance
+-- name and generated tokens as the analysis decided them: a cancelled request's from its context at release).
 WITH miss AS (
     SELECT run, item, stage, attempts FROM items WHERE run = $run AND NOT done
 ),
@@ -43,8 +44,10 @@ blocked AS (
     GROUP BY m.item, m.stage
 ),
 ev AS (
-    SELECT l.item, l.stage, mt.match, mt.reason AS match_reason, rq.instance, rq.slot, rq.task,
-           rq.prompt_tokens, rq.gen_tokens, rq.stop_reason, rq.truncated, rq.error AS server_error,
+    SELECT l.item, l.stage, mt.match, mt.reason AS match_reason, coalesce(f.instance, rq.instance) AS instance,
+           rq.slot, rq.task,
+           rq.prompt_tokens, coalesce(rq.gen_tokens, f.gen_tokens) AS gen_tokens, rq.stop_reason, rq.truncated,
+           rq.error AS server_error,
            rq.http_status AS server_status, rq.t_end,
            regexp_extract(rq.path, '[^/]+$') || ':' || rq.line_first || '-' || rq.line_last AS lines
     FROM last l
@@ -52,6 +55,8 @@ ev AS (
                                AND mt.attempt = l.attempt
     LEFT JOIN replay_requests rq ON mt.match = 'matched' AND rq.instance = mt.instance AND rq.path = mt.path
                                 AND rq.slot IS NOT DISTINCT FROM mt.slot AND rq.seq IS NOT DISTINCT FROM mt.seq
+    LEFT JOIN replay_facts f ON f.run = rq.run AND f.instance_id = rq.instance AND f.slot = rq.slot
+                            AND f.task = rq.task
 ),
 classified AS (
     -- the last attempt's columns by name (not l.*: its item and stage would be there twice)

@@ -16,8 +16,10 @@
 --                    (no timings) is n_past at release - the prompt (findings_base.sql)
 --   n_ctx_train_cap  the server cut it at the model's training context (an n_ctx_train_cap line for its task)
 --   repetition       its matched attempt's output text is degenerate (relation fx_degenerate)
--- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled),
---   slot_next_http_500 / slot_next_error (the slot's next request got HTTP >= 500 / an error),
+-- followed_by (what came next, comma list): cancel (a cancel line for its task, or it ended cancelled: the client
+--   went away; not the server's own cleanup after it answered with an error, whose error is the row's `error`),
+--   slot_next_http_500 / slot_next_error (the slot's next request got HTTP >= 500 / an error, unless that request
+--   ran away too: its error is its own),
 --   item_next_context_error (the item's next request, via matches, failed with a context-size error).
 -- Parameters: $factor DOUBLE, $quantile DOUBLE, $min_tokens BIGINT, $min_group BIGINT,
 --   $ctx_slack BIGINT.  Relations: fx_requests (the requests of the chosen runs), fx_events, fx_degenerate.
@@ -67,7 +69,8 @@ hit AS (
 slot_next AS (
     SELECT f.*,
            lead(f.http_status) OVER w_slot AS next_status,
-           lead(f.error) OVER w_slot AS next_error
+           lead(f.error) OVER w_slot AS next_error,
+           lead(f.f_tokens OR f.f_context OR f.f_cap OR f.f_rep) OVER w_slot AS next_ran_away
     FROM flags f
     SEMI JOIN (SELECT DISTINCT run, instance, slot FROM hit) h
            ON h.run IS NOT DISTINCT FROM f.run AND h.instance IS NOT DISTINCT FROM f.instance
@@ -93,8 +96,9 @@ SELECT f.run, f.instance, f.slot, f.task, f.seq, f.item, f.stage, f.gen_tokens,
        CAST(round(f.normal_q) AS BIGINT) AS normal_tokens,
        f.line_first || '-' || f.line_last AS evidence,
        nullif(concat_ws(',',
-           CASE WHEN f.cancelled THEN 'cancel' END,
-           CASE WHEN f.next_status >= 500 THEN 'slot_next_http_' || f.next_status
+           CASE WHEN f.cancelled AND f.error IS NULL THEN 'cancel' END,
+           CASE WHEN coalesce(f.next_ran_away, false) THEN NULL
+                WHEN f.next_status >= 500 THEN 'slot_next_http_' || f.next_status
                 WHEN f.next_error IS NOT NULL THEN 'slot_next_error' END,
            CASE WHEN regexp_matches(lower(n.item_next_error),
                                     'context (size|length|window)|exceeds the available context|kv cache is full')

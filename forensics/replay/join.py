@@ -26,6 +26,7 @@ import polars as pl
 from forensics import schema
 from forensics.lazy import lazy_import
 from forensics.replay import scope
+from forensics.replay.narrow import narrow
 from forensics.replay.placement import (
     KEY,
     TOLERANCE_S,
@@ -109,6 +110,7 @@ def _server_requests(req: pl.DataFrame) -> pl.DataFrame:
     """The requests with their row number, instance key, times in seconds (``t0``/``t1``, elapsed ``e0``/``e1``)."""
     r = req.with_row_index("_idx").rename({"run": "krun", "instance": "kinst"})
     return r.select("_idx", *KEY, "slot", "task", "seq", "prompt_tokens", "gen_tokens", "http_status", "total_ms",
+                    "stop_reason",
                     secs_expr("t_start").alias("t0"), secs_expr("t_end").alias("t1"),
                     pl.col("elapsed_start_s").alias("e0"), pl.col("elapsed_end_s").alias("e1"), "path", "clock")
 
@@ -354,7 +356,8 @@ def join(requests: pl.DataFrame, instances: pl.DataFrame, runs: pl.DataFrame,
     ak, launched = _attempt_instances(att, ix, scope.manifest_servers(runs))
     reqs, anchors = anchor(_server_requests(req), ix.rows, launched, att, ak)
     pairs, looked = _pairs(att, ak, reqs, anchors.tolerance)
-    picks = _assign(pairs)
+    picks, lost = narrow(_assign(pairs), pairs, att, reqs)
+    looked = looked.join(lost, on="_a", how="anti")  # nothing of the log is left that could have served them
     served = picks.filter(pl.col("match") == "matched").select("_idx", "_a") \
         .join(att.select("_a", "run", "item", "stage", "attempt", "max_tokens", pl.col("t0").alias("a_t0"),
                          pl.col("t1").alias("a_t1")), on="_a")

@@ -20,9 +20,13 @@ from forensics.store import fetch_pl, view_names
 def _connect(store: Any, also: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
     """The store's views plus the join's ``replay_matches`` and ``replay_requests``: read from the store when
     the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
-    now (a store written before the join stored it, or one whose join could not rewrite every log).  ``also``
-    names further store tables the caller's query reads."""
-    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests", *also])
+    now (a store written before the join stored it, or one whose join could not rewrite every log); and the
+    analysis' request facts as ``replay_facts``.  ``also`` names further store tables the caller's query reads."""
+    from forensics import derived
+
+    facts = ["request_facts"] if "request_facts" in derived.state(store).tables else []
+    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests", *also, *facts])
+    _facts(con)
     bind_join(con, store)
     return con
 
@@ -43,6 +47,20 @@ def bind_join(con: duckdb.DuckDBPyConnection, store: Any) -> None:
     jr = join_store(store)
     con.register("replay_matches", jr.matches.to_arrow())
     con.register("replay_requests", jr.requests.to_arrow())
+
+
+def _facts(con: duckdb.DuckDBPyConnection) -> None:
+    """``replay_facts``: each request's instance name and tokens as the analysis decided them (``request_facts``:
+    the name every output gives the instance; the generated tokens of a cancelled or failed request from its
+    context at release), or none when the store has no analysis yet (the listings then say "unknown")."""
+    if "request_facts" in view_names(con):
+        con.execute("CREATE TEMP VIEW replay_facts AS SELECT run, instance, instance_id, slot, task, gen_tokens "
+                    "FROM request_facts")
+    else:
+        con.register("replay_facts", pl.DataFrame(schema={"run": pl.String, "instance": pl.String,
+                                                          "instance_id": pl.String,
+                                                          "slot": pl.Int64, "task": pl.Int64,
+                                                          "gen_tokens": pl.Int64}).to_arrow())
 
 
 def runs_table(store: Any, runs: list[str] | None = None) -> pl.DataFrame:
