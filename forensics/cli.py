@@ -31,7 +31,7 @@ from forensics.errors import ExitCode, ForensicsError, InternalError, bug_bounda
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch", "mapping", "export", "planning")
+                   "demo", "watch", "mapping", "export", "planning", "mcp")
 
 
 class ForensicsGroup(click.Group):
