@@ -49,7 +49,8 @@ usual AS (
     FROM r WHERE cached_tokens > 0 GROUP BY ALL
 ),
 m AS (
-    SELECT r.*, coalesce(least(r.sim_lcp, r.prompt_tokens), least(u.reuse, r.prompt_tokens)) AS could_reuse,
+    SELECT r.*, CASE WHEN r.sim_lcp IS NOT NULL THEN least(r.sim_lcp, r.prompt_tokens)  -- least() skips a NULL
+                     WHEN u.reuse IS NOT NULL THEN least(u.reuse, r.prompt_tokens) END AS could_reuse,
            CASE WHEN r.sim_lcp IS NOT NULL THEN 'server' WHEN u.reuse IS NOT NULL THEN 'usual' END AS could_from,
            CASE WHEN r.after_shift THEN 'context shift'
                 WHEN r.item_slot IS NOT NULL AND r.item_slot <> r.slot THEN 'slot switch'
