@@ -200,3 +200,21 @@ def test_forensics_mcp_serves_over_stdio(store: Path) -> None:
     assert not missing.is_error
     assert sorted((r["item"], r["stage"]) for r in json.loads(texts(missing)[0])) == [
         ("ABBV", "extract"), ("ADBE", "extract"), ("PG", "extract"), ("UNH", "extract")]
+
+
+def test_the_store_is_opened_read_only(store: Path) -> None:
+    """What would write it (the lock every writer takes, a transaction, a new store) is refused, one line saying
+    why; the analysis is never derived through it."""
+    from forensics import analyse
+    from forensics.errors import StoreError
+    from forensics.readonly import ReadOnlyStore
+
+    ro = ReadOnlyStore(store)
+    for write in (ro.transaction, lambda: ro.lock().__enter__(), lambda: analyse.analyse(ro, force=True)):
+        with pytest.raises(StoreError) as err:
+            write()
+        assert err.value.one_line().endswith("(this store was opened read-only (forensics mcp): run `forensics "
+                                             "ingest` or `forensics check` from a shell to change it)")
+    with pytest.raises(StoreError, match=r"^no store at "):
+        ReadOnlyStore(store.parent / "new")
+    assert not (store.parent / "new").exists()
