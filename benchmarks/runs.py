@@ -159,7 +159,8 @@ def commands(store: Path, first_run: str) -> list[list[str]]:
             ["errors", *s, "--format", "csv"], ["throughput", *s, "--format", "csv"],
             ["throughput", "--by", "np", *s, "--format", "csv"], ["verdict", *s], ["verdict", first_run, *s],
             ["runaways", first_run, *s, "--format", "csv"], ["compare", first_run, second, *s],
-            ["smoke", *s, "--max-p95", "10m", "--format", "csv"], ["check", *s]]
+            ["smoke", *s, "--max-p95", "10m", "--format", "csv"], ["check", *s],
+            ["incidents", *s, "--format", "csv"], ["incidents", "--precursors", *s, "--format", "csv"]]
 
 
 def bench_runs(out: Path, n_runs: int, requests: int, seed: int) -> list[Measure]:

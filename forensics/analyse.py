@@ -31,7 +31,7 @@ import polars as pl
 from forensics import derived, metrics, registry, schema
 from forensics import runs as runs_mod
 from forensics.errors import StoreError
-from forensics.replay.tables import runs_rows
+from forensics.replay.tables import bind_join, runs_rows
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store, fetch_pl
 from forensics.verdict import RunVerdict, verdict, verdict_frame
@@ -81,7 +81,7 @@ def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
         for f in registry.in_dependency_order(stored_findings()):
             out[finding_table(f.name)] = s.rows(f.name, DEFAULTS, runs)
         out["instance_facts"] = fetch_pl(s.con, "SELECT * FROM fx_instances ORDER BY run, instance")
-        s.con.execute("CREATE OR REPLACE TEMP VIEW replay_requests AS SELECT * FROM requests")
+        bind_join(s.con, store)
         out["run_records"] = runs_rows(s.con, runs)
         verdicts = verdict(s, runs)
         out["verdict_facts"] = verdict_frame(verdicts)

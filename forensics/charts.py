@@ -190,6 +190,31 @@ def busy_chart(intervals: pl.DataFrame) -> alt.TopLevelMixin:
     ).properties(title="Busy slots over time", width=620, height=220)
 
 
+INCIDENT_SHAPES = {"dead_slot": "cross", "runaway": "triangle-up", "crash": "square", "kv_stall": "diamond",
+                   "failover": "circle"}
+INCIDENT_COLORS = {"dead_slot": CLASS_COLORS["dead slot"], "runaway": CLASS_COLORS["runaway"], "crash": "#9d755d",
+                   "kv_stall": "#eeca3b", "failover": "#72b7b2"}
+
+
+def incidents_chart(rows: pl.DataFrame) -> alt.TopLevelMixin:
+    """Each incident's onset over time (``forensics.incidents``), one row per build, its kind by shape and colour:
+    whether a kind of incident began with a build, and when.  Incidents without a wall-clock onset are left out."""
+    df = rows.filter(pl.col("onset").is_not_null()).select(
+        "onset", pl.col("build").cast(pl.String).fill_null("unknown").alias("build"), "run", "kind", "instance", "slot",
+        "item", "stage", "why")
+    kinds = [k for k in INCIDENT_SHAPES if k in set(df["kind"].to_list())]
+    tips = _tips(df, ["run", "kind", "instance", "slot", "item", "stage", "why"])
+    return alt.Chart(_data(df)).mark_point(size=90, filled=True).encode(
+        x=alt.X("onset:T", title="onset (UTC)", scale=alt.Scale(type="utc")),
+        y=alt.Y("build:N", title="build"),
+        shape=alt.Shape("kind:N", title="incident", scale=alt.Scale(domain=kinds,
+                                                                    range=[INCIDENT_SHAPES[k] for k in kinds])),
+        color=alt.Color("kind:N", title="incident", scale=alt.Scale(domain=kinds,
+                                                                    range=[INCIDENT_COLORS[k] for k in kinds])),
+        tooltip=[alt.Tooltip("onset:T", format="%Y-%m-%d %H:%M:%S", formatType="utc"), *tips],
+    ).properties(title="Incident onsets over time, per build", width=620, height=max(80, 40 * df["build"].n_unique()))
+
+
 RUN_PAIR_COLORS = ["#2f4b6e", "#9ab8d8"]
 COMPARE_LATENCY_LABELS = {"latency_p50_s": "p50", "latency_p90_s": "p90", "latency_p95_s": "p95",
                           "latency_p99_s": "p99"}

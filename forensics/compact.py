@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forensics import schema
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.store import PACKS_DIR, Store, Transaction, run_of_part, sql_string, sql_strings
 
 if TYPE_CHECKING:
     import duckdb
 else:  # loaded when a compaction runs: every ingest asks whether one is due (forensics.lazy)
-    duckdb = LazyModule("duckdb")
+    duckdb = lazy_import("duckdb")
 
 PACK_BYTES = 96 * 1024 * 1024  # input bytes per pack: large enough to be few, small enough to sort in memory
 ROW_GROUP = 100_000  # rows per row group: a run filter skips whole groups of other runs

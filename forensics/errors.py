@@ -1,7 +1,7 @@
 """One error hierarchy for the whole project.
 
 The library raises these; the CLI turns them into a one-line message on stderr and an exit code in
-one place (``forensics.cli.main``).  Every message names what went wrong, where (file and line when
+one place (``forensics.cli.ForensicsGroup``).  Every message names what went wrong, where (file and line when
 known) and the next step to take.
 """
 

@@ -40,9 +40,9 @@ from forensics.errors import (
 from forensics.paths import file_id_of, file_stem, resolved
 from forensics.store import Store, run_of_part
 from parsers import assemble, reader
-from parsers.engine import Carry, ChunkResult, Engine
+from parsers.engine import Carry, ChunkResult, Engine, check_user_samples
 from parsers.reader import compression_of, iter_chunks, read_head
-from parsers.spec import Format, grammar, load_formats
+from parsers.spec import Format, grammar, load_formats, user_dirs
 
 if TYPE_CHECKING:
     from forensics.replay.mapping import Mapping
@@ -247,11 +247,15 @@ HEAD_LINES = 4000
 HEAD_BYTES = 256 * 1024
 
 
-@functools.cache
 def engine_for(forced: str | None) -> Engine:
-    """The engine of one set of kinds (every format's, or a forced format's), built once per process and shared by
-    format detection and parsing: building one costs more than reading a short log, and what it learns (the
-    order and routes of the kinds) only makes later files faster."""
+    """The engine of one set of kinds (every format's, or a forced format's; the user's formats folders' too), built
+    once per process and shared by format detection and parsing: building one costs more than reading a short log,
+    and what it learns (the order and routes of the kinds) only makes later files faster."""
+    return _engine(forced, user_dirs())
+
+
+@functools.cache
+def _engine(forced: str | None, dirs: tuple[Path, ...]) -> Engine:
     return Engine(grammar(forced))
 
 
@@ -284,13 +288,16 @@ def detect_format(path: Path, head: bytes | None = None) -> str | None:
 
 def voted_format(eng: Engine, kind_counts: Any) -> str | None:
     """The format the most lines of a head belong to (its own formats before the shared ones), counting only
-    kinds that plain text cannot match; None when there is none."""
+    kinds that plain text cannot match; None when there is none, or when every such line is of a kind that
+    is no evidence of a log by itself."""
     votes: Counter[str] = Counter()
+    evidence = False
     for i, n in enumerate(kind_counts if kind_counts is not None else []):
         kind = eng.kinds[i]
         if n and not kind.weak:
             votes[kind.format] += int(n)
-    if not votes:
+            evidence = evidence or kind.evidence
+    if not evidence:  # only lines a note can hold too (``evidence = false``): not a log
         return None
     shared = {name for name, f in load_formats().items() if f.shared}
     own = [(n, f) for f, n in votes.items() if f not in shared]
@@ -1027,6 +1034,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
 
         loaded = replay.load_mapping(mapping)
         mapping = str(Path(mapping).resolve()) if Path(mapping).exists() else mapping
+    if user_dirs():  # so does a formats folder of the user's that does not load, or whose samples read otherwise
+        check_user_samples()
     store = Store(store_path, create=True)
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, replace(options, mapping=mapping), progress)

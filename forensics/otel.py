@@ -79,7 +79,7 @@ def _require_sdk() -> None:
 def _replay_con(store: Store) -> Any:
     from forensics.replay.tables import _connect
 
-    return _connect(store)
+    return _connect(store, also=("instances",))
 
 
 def request_rows(store: Store, runs: list[str]) -> pl.DataFrame:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from forensics import sentences as S
 from forensics.cache_words import prompt_cache as prompt_cache_sentence
 from forensics.errors import NotFoundError
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.timefmt import wall_expr
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from forensics.session import Analysis, Thresholds
 else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
-    pl = LazyModule("polars")
+    pl = lazy_import("polars")
 
 Shape = Callable[["pl.DataFrame", "Analysis", "Thresholds"], "pl.DataFrame"]
 Sentence = Callable[["pl.DataFrame", S.RunContext], list[S.Fact]]

@@ -33,7 +33,7 @@ from forensics.store import Store
 
 MAX_ROWS = 200
 FOLD_CHARS = 120  # a cell longer than this is folded: its start shown, the rest behind a click
-SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"),
+SECTIONS = (("verdict", "Verdict"), ("timeline", "Timeline"), ("findings", "Findings"), ("incidents", "Incidents"),
             ("throughput", "Throughput"), ("whatif", "What if"), ("metrics", "Run metrics"))
 
 CSS = """
@@ -165,6 +165,24 @@ def _findings_sections(session: Any, runs: list[str], notes: list[str]) -> str:
     return "\n".join(parts)
 
 
+def _incidents_section(session: Any, runs: list[str], charts: Any, notes: list[str]) -> str:
+    """The incidents of the runs (``forensics.incidents``): what they add up to, what their onsets had in common,
+    their onsets over time per build, and the listing."""
+    from forensics import incidents
+
+    parts = ['<h2 id="incidents">Incidents</h2>']
+    got, why = _computed(lambda: (incidents.incidents(session, runs), incidents.precursors(session, runs)))
+    if why:
+        notes.append(f"incidents: {why}")
+        return "\n".join([*parts, f'<p class="na">{html.escape(why)}</p>'])
+    rows, pre = got
+    parts.append(f"<p>{html.escape(incidents.summary(rows, len(runs)))}</p>")
+    parts += [f'<p class="note">{html.escape(s)}</p>' for s in pre.sentences if rows.height]
+    if rows.filter(pl.col("onset").is_not_null()).height:
+        parts.append(charts.embed_div(charts.incidents_chart(rows), "chart-incidents"))
+    return "\n".join([*parts, html_table(incidents.listing(rows))])
+
+
 def _timeline_section(session: Any, runs: list[str], charts: Any, notes: list[str]) -> str:
     from forensics import findings
 
@@ -242,7 +260,8 @@ def _page(session: Any, names: list[str], charts: Any) -> tuple[str, list[str]]:
     every, why = _computed(lambda: verdict(session))
     verdicts = [v for v in every or [] if v.run in names]
     body = [_verdict_section(verdicts) if every else f'<p class="na">{html.escape(why)}</p>',
-            _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes)]
+            _timeline_section(session, names, charts, notes), _findings_sections(session, names, notes),
+            _incidents_section(session, names, charts, notes)]
     throughput, detail = _throughput_section(session.store, names, charts)
     whatif, whatif_notes = whatif_section(session.store, names, charts, html_table)
     notes += whatif_notes

@@ -1,6 +1,7 @@
 """The store's tables and their columns: the contract every module and the docs share.
 
-Each table is a list of ``Column(name, polars dtype, description)``.  The table reference (docs/tables.md) is
+Each table is a list of ``Column(name, type, description)``, the type named (``I64``, ``STR``, ...) so that the
+CLI can read the tables without loading polars; ``Column.dtype`` is the polars type.  The table reference (docs/tables.md) is
 checked against this module by a test, so the two cannot drift.  ``events`` also carries one column per
 typed field declared in ``parsers/formats/fields.toml`` (see ``events_columns``).
 """
@@ -8,19 +9,36 @@ typed field declared in ``parsers/formats/fields.toml`` (see ``events_columns``)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
 
-import polars as pl
+from forensics.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:  # loaded on first use: the CLI reads the table names to build its help (forensics.lazy)
+    pl = lazy_import("polars")
+
+# A column's type by name, turned into polars' type when a frame needs it (``Column.dtype``, ``polars_type``)
+I64, F64, STR, BOOL, TS, LIST_STR = "Int64", "Float64", "String", "Boolean", "Datetime[us, UTC]", "List[String]"
+
+
+@cache
+def polars_type(kind: str) -> pl.DataType:
+    """The polars type of a column type named here (``I64`` ... ``LIST_STR``)."""
+    return {I64: pl.Int64(), F64: pl.Float64(), STR: pl.String(), BOOL: pl.Boolean(), TS: pl.Datetime("us", "UTC"),
+            LIST_STR: pl.List(pl.String())}[kind]
 
 
 @dataclass(frozen=True)
 class Column:
     name: str
-    dtype: pl.DataType
+    kind: str  # I64, F64, STR, BOOL, TS or LIST_STR
     description: str
 
-
-I64, F64, STR, BOOL = pl.Int64(), pl.Float64(), pl.String(), pl.Boolean()
-TS = pl.Datetime("us", "UTC")
+    @property
+    def dtype(self) -> pl.DataType:
+        return polars_type(self.kind)
 
 FILES = [
     Column("path", STR, "path of the input file as given (relative paths are kept relative)"),
@@ -394,7 +412,7 @@ VERDICT_FACTS = [
     Column("kind", STR, "the finding it tells (dead_slot, runaway, failed, cost, healthy, ...)"),
     Column("severity", STR, "finding (the run is unhealthy), advice or note"),
     Column("sentence", STR, "the sentence"),
-    Column("evidence", pl.List(STR), "path:first-last of the lines it rests on"),
+    Column("evidence", LIST_STR, "path:first-last of the lines it rests on"),
     Column("fields", STR, "its numbers (JSON)"),
 ]
 

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.timefmt import seconds, spoken
 
 if TYPE_CHECKING:
     import polars as pl
 else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
-    pl = LazyModule("polars")
+    pl = lazy_import("polars")
 
 # What a fact is to the reader: a finding makes the run unhealthy; advice (the cap) and notes are said but do
 # not.  Notes come after everything else.

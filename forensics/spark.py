@@ -41,6 +41,7 @@ _SESSIONS: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------------------------- session
+@cache
 def _java_major(java: str) -> int | None:
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
@@ -84,12 +85,12 @@ def session(master: str | None = None, *, partitions: int | None = None, conf: M
     conf = dict(conf or {})
     java = conf.pop("java", "")
     master = master or os.environ.get("FORENSICS_SPARK_MASTER") or DEFAULT_MASTER
+    check_runtime()  # first: what the machine lacks is the answer, whatever ran before in this process
     if master in _SESSIONS:
         return _SESSIONS[master]
     if _SESSIONS:
         raise StoreError(f"a Spark session on {next(iter(_SESSIONS))} is running; cannot start one on {master}",
                          hint="use one --spark-master per process")
-    check_runtime()
     from pyspark.sql import SparkSession
 
     b = (SparkSession.builder.master(master).appName("llama-forensics")

@@ -25,7 +25,6 @@ that step.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import urllib.parse
@@ -40,19 +39,48 @@ import polars as pl
 
 from forensics import schema
 from forensics.errors import NotFoundError, StoreError
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
 from forensics.paths import default_store_path as default_store_path
 
 if TYPE_CHECKING:
     import duckdb
 else:  # loaded when a query runs: an ingest writes Parquet and needs no SQL engine (forensics.lazy)
-    duckdb = LazyModule("duckdb")
+    duckdb = lazy_import("duckdb")
 
 MANIFEST = "_manifest.json"
 PACKS_DIR = "packs"  # <table>/packs/<pack>.parquet: many parts' rows in one file (``compact``)
-FORMAT_VERSION = 1
 FAULT: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the store's format: a store of version ``to - 1`` read as one of version ``to``.
+
+    ``manifest`` returns the manifest of the older version as the newer one has it (a pure function: readers
+    apply it in memory and never write; a writer, under the lock, writes the result back once).  A change of the
+    store's format is one entry at the end of ``MIGRATIONS``, and ``FORMAT_VERSION`` follows from it."""
+
+    to: int
+    why: str
+    manifest: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class NewerStoreError(StoreError):
+    """The store (or a commit of it) was written by a newer version of llama-forensics."""
+
+
+def _as_is(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # Version 1 stores lack the analysis' tables (forensics.derived) or hold them from an older analysis: the
+    # analysis derives what a store lacks by itself on first use (forensics.analyse.ensure), so the manifest
+    # stays as it is.
+    Migration(2, "the analysis' derived tables, kept in the manifest's `derived` entry", _as_is),
+)
+FORMAT_VERSION = MIGRATIONS[-1].to  # the version this code writes, and the newest it reads
 
 
 def _step(name: str) -> None:
@@ -219,11 +247,17 @@ class Store:
         os.replace(tmp, path)
 
     def _read_manifest(self) -> dict[str, Any]:
+        """The manifest, brought up to ``FORMAT_VERSION`` in memory (``migrated``); a store written by a newer
+        version is refused."""
         try:
             data = json.loads((self.root / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise StoreError(f"cannot read {self.root / MANIFEST}: {exc}",
                              hint="run `forensics check` to see how to repair the store") from exc
+        if not isinstance(data, dict):
+            raise StoreError(f"cannot read {self.root / MANIFEST}: not a JSON object",
+                             hint="run `forensics check` to see how to repair the store")
+        data = migrated(data, self.root)
         for t in schema.TABLES:
             data.setdefault("parts", {}).setdefault(t, [])
         data.setdefault("meta", {})
@@ -293,32 +327,41 @@ class Store:
     # ------------------------------------------------------------------ locking and commits
     @contextlib.contextmanager
     def lock(self, *, wait: bool = True, on_wait: Any = None) -> Iterator[None]:
-        """Serialize writers.  A second ingest waits (after saying so), or fails if ``wait`` is False."""
+        """Serialize writers (``filelock``: an OS lock on ``.lock``, released by the OS if the process dies).  A
+        second ingest waits (after saying so), or fails if ``wait`` is False."""
+        import filelock  # 35 ms: loaded when a writer starts, not by every reader
+
         self.root.mkdir(parents=True, exist_ok=True)
-        fh = (self.root / ".lock").open("a+")
+        held = filelock.FileLock(self.root / ".lock")
         try:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    raise StoreError(f"another ingest is writing to {self.root}",
-                                     hint="wait for it to finish, then run again") from None
-                if on_wait is not None:
-                    on_wait()
-                fcntl.flock(fh, fcntl.LOCK_EX)
+            held.acquire(timeout=0)
+        except filelock.Timeout:
+            if not wait:
+                raise StoreError(f"another ingest is writing to {self.root}",
+                                 hint="wait for it to finish, then run again") from None
+            if on_wait is not None:
+                on_wait()
+            held.acquire()
+        try:
             self.recovered = self.recover()
             self._manifest = self._read_manifest()
             self._names_cache = {}
+            self._write_upgrade()
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            fh.close()
+            held.release()
+
+    def _write_upgrade(self) -> None:
+        """A writer holding the lock keeps a store it brought up to date (``MIGRATIONS``) as it read it."""
+        if self._manifest.pop("upgraded_from", None) is not None:
+            self._write_json(self.root / MANIFEST, self._manifest)
 
     def transaction(self) -> Transaction:
         return Transaction(self)
 
     def _commit(self, txn: Transaction) -> None:
         manifest = json.loads(json.dumps(self._manifest))
+        manifest.pop("upgraded_from", None)  # written at FORMAT_VERSION, as every commit is
         packed = {t: set(self.packed(t)) for t in manifest.get("packs", {})}
         own_removed = {rel for t, rels in txn.removes.items() for rel in rels if rel not in packed.get(t, set())}
         for table, rels in txn.removes.items():
@@ -422,10 +465,13 @@ class Store:
                 try:
                     journal = json.loads(jpath.read_text(encoding="utf-8"))
                     if journal.get("complete"):
+                        migrated(dict(journal["manifest"]), self.root)  # refuses one a newer version wrote
                         self._apply(journal)
                         notes.append(f"completed interrupted commit {journal.get('txn')}")
-                except (OSError, json.JSONDecodeError):
+                except (OSError, json.JSONDecodeError, KeyError, TypeError):
                     notes.append(f"discarded incomplete commit journal {jpath.name}")
+                except NewerStoreError:  # another version's commit: left for it to finish
+                    raise
                 except StoreError as exc:
                     notes.append(f"discarded commit journal {jpath.name}: {exc.message}")
                 jpath.unlink(missing_ok=True)
@@ -598,6 +644,24 @@ class Store:
         finally:
             con.close()
         return schema.conform(df, name) if name != "events" else df
+
+
+def migrated(manifest: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``manifest`` as ``FORMAT_VERSION`` has it: each later step of ``MIGRATIONS`` applied in turn, the version it
+    was written at kept under ``upgraded_from`` (for the writer that saves it).  A store of a newer version, or
+    of no version this code knows, is a StoreError (one line, exit 2)."""
+    version = manifest.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"{root / MANIFEST} has no valid store format version ({version!r})",
+                         hint="run `forensics check` to see how to repair the store")
+    if version > FORMAT_VERSION:
+        raise NewerStoreError(f"the store at {root} was written by a newer llama-forensics (store format {version}; this "
+                         f"one reads up to {FORMAT_VERSION})",
+                         hint="upgrade llama-forensics (pip install -U llama-forensics) to read it")
+    for step in MIGRATIONS:
+        if version < step.to:
+            manifest = {**step.manifest(manifest), "version": step.to, "upgraded_from": version}
+    return manifest
 
 
 def fetch_pl(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> pl.DataFrame:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from forensics.lazy import LazyModule
+from forensics.lazy import lazy_import
 
 if TYPE_CHECKING:
     import polars as pl
 else:  # loaded on first use: the CLI imports this module to build its commands (forensics.lazy)
-    pl = LazyModule("polars")
+    pl = lazy_import("polars")
 
 
 ISO_MS = "%Y-%m-%dT%H:%M:%S%.3fZ"

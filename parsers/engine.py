@@ -13,14 +13,26 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 import regex
 
-from parsers.errors import InternalError
-from parsers.spec import FORMATS_DIR, ROLES, Format, Kind, _read_toml, load_fields, load_formats
+from parsers.errors import FormatDefinitionError, InternalError
+from parsers.spec import (
+    FORMATS_DIR,
+    ROLES,
+    Format,
+    Kind,
+    _read_toml,
+    grammar,
+    is_users,
+    load_fields,
+    load_formats,
+    user_dirs,
+)
 
 SMALL_INPUT = 4096  # rows: at most this many, _match gates each kind's prefilter on the joined text
 
@@ -110,10 +122,43 @@ def load_frames() -> Frames:
                   int(data.get("dispatch", {}).get("width", 0)))
 
 
-@cache
 def kind_dtype() -> pl.Enum:
-    """The ``kind`` column's type: an enum of every kind of every format (compared as integers, not text)."""
+    """The ``kind`` column's type: an enum of every kind of every format (compared as integers, not text), the
+    user's formats folders' included."""
+    return _kind_dtype(user_dirs())
+
+
+@cache
+def _kind_dtype(dirs: tuple[Path, ...]) -> pl.Enum:
     return pl.Enum(sorted({k.name for f in load_formats().values() for k in f.kinds}))
+
+
+_SAMPLES_CHECKED: set[tuple[Path, ...]] = set()
+
+
+def check_user_samples() -> None:
+    """Each sample line of the user's formats folders (``user_dirs``) reads as its own kind among every format, as
+    tests/test_formats.py holds the built-in formats to: else one line naming the file, the kind and the sample.
+    Once per process and set of folders."""
+    dirs = user_dirs()
+    if not dirs or dirs in _SAMPLES_CHECKED:
+        return
+    _SAMPLES_CHECKED.add(dirs)  # before the Engine below, which checks too
+    try:
+        engine = Engine(grammar())
+        for fmt in (f for f in load_formats().values() if is_users(f)):
+            for kind in fmt.kinds:
+                for sample in kind.samples:
+                    res = engine.classify(pl.Series([sample], dtype=pl.String), 1, Carry())
+                    got = [n for n, c in res.skipped.items() if c and n == kind.name] or res.events["kind"].to_list()
+                    if got != [kind.name]:
+                        raise FormatDefinitionError(
+                            f"kind {kind.name!r}: sample {sample[:120]!r} reads as "
+                            f"{', '.join(map(str, got)) or 'no kind'}", path=fmt.source,
+                            hint="fix the regex or the sample: a sample reads as its own kind among every format")
+    except BaseException:
+        _SAMPLES_CHECKED.discard(dirs)
+        raise
 
 
 @cache
@@ -519,6 +564,7 @@ class Engine:
     """Classifies the lines of a chunk with the kinds of one format (or of every format)."""
 
     def __init__(self, fmt: Format, wrappers: Wrappers | None = None) -> None:
+        check_user_samples()
         self.fmt = fmt
         self.wrappers = wrappers or load_wrappers()
         self.unwrap = Unwrapper(self.wrappers)

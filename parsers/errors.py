@@ -3,8 +3,8 @@
 The parsers depend on nothing of ``forensics``, so the base lives here; ``forensics.errors`` re-exports these
 classes (the same classes, so ``except forensics.errors.InputError`` catches the reader's) and adds the rest.
 The CLI turns any of them into a one-line message on stderr and an exit code in one place
-(``forensics.cli.main``).  Every message names what went wrong, where (file and line when known) and the next
-step to take.
+(``forensics.cli.ForensicsGroup``).  Every message names what went wrong, where (file and line when known) and
+the next step to take.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     FINDINGS = 1  # a --fail-on gate tripped, or a smoke budget failed
     USAGE = 2  # bad options or bad input
     INTERNAL = 3  # a bug: an unexpected error (one line asking for a bug report; --debug shows the traceback)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it), or watch told to stop twice
 
 
 class ForensicsError(Exception):

@@ -3,7 +3,9 @@ with one summary line (per-file lines under -v) and one progress report for the 
 
 from __future__ import annotations
 
+import io
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
+from forensics.commands.core import _Progress
 from forensics.ingest import Progress, ingest
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "server-runs"
@@ -85,3 +88,31 @@ def test_progress_reports_the_whole_job(tmp_path: Path) -> None:
     assert seen[-1].requests == res.totals["requests"] > 0
     done = [p.bytes_done for p in seen]
     assert done == sorted(done)  # never goes back
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_shows_on_a_terminal_only_and_after_a_second() -> None:
+    """click's bar: bytes, percent, files and requests on one line of stderr, rewritten in place; nothing off a
+    terminal or for an ingest that ends within the first second."""
+    at = [Progress(files_done=n, files_total=2, bytes_done=n * 2**20, bytes_total=2 * 2**20, requests=n * 600)
+          for n in (0, 1, 2)]
+    term = _Terminal()
+    bar = _Progress(time.monotonic() - 5, file=term)
+    for p in at:
+        bar.update(p)
+    bar.close()
+    lines = [line.strip() for line in term.getvalue().replace("\x1b[?25l", "").replace("\x1b[?25h", "").split("\r")]
+    assert [line for line in lines if line] == [
+        "ingest  [------------------------------------]    0%  0.0/2.0 MiB  files 0/2  requests 0",
+        "ingest  [##################------------------]   50%  1.0/2.0 MiB  files 1/2  requests 600",
+        "ingest  [####################################]  100%  2.0/2.0 MiB  files 2/2  requests 1,200"]
+    for quiet in (_Progress(time.monotonic() - 5, file=io.StringIO()), _Progress(time.monotonic(), file=term)):
+        before = term.getvalue()
+        for p in at:
+            quiet.update(p)
+        quiet.close()
+        assert quiet.bar is None and term.getvalue() == before

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forensics.cli import cli
+from forensics.lazy import is_loaded, lazy_import
 from parsers import reader, spec
 from tests.conftest import ROOT
 
@@ -25,13 +26,14 @@ HELP_NEEDS_POLARS = {"generate"}
 _PROBE = """
 import json, sys
 from forensics.cli import main
+from forensics.lazy import is_loaded
 seen = {}
 for args in json.loads(sys.argv[1]):
     try:
         main(args)
     except SystemExit:
         pass
-    seen[" ".join(args)] = [m for m in json.loads(sys.argv[2]) if m in sys.modules]
+    seen[" ".join(args)] = [m for m in json.loads(sys.argv[2]) if is_loaded(m)]
 sys.stderr.write("@@" + json.dumps(seen))
 """
 
@@ -66,6 +68,24 @@ def test_a_command_that_runs_loads_what_it_needs(tmp_path: Path) -> None:
                     f"deadslots --store {store}": ["polars", "duckdb"]}
 
 
+def test_a_lazy_module_runs_on_its_first_attribute_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """forensics.lazy (importlib.util.LazyLoader): the module is found at once and run when first read, once; a
+    module that is not installed is an error at once, not on first use."""
+    (tmp_path / "lazy_probe_mod.py").write_text("import sys\nsys.lazy_probe_runs = getattr(sys, 'lazy_probe_runs', 0) + 1\n"
+                                                "ANSWER = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lazy_probe_mod", raising=False)
+    monkeypatch.setattr(sys, "lazy_probe_runs", 0, raising=False)
+    mod = lazy_import("lazy_probe_mod")
+    assert (sys.lazy_probe_runs, is_loaded("lazy_probe_mod"), "lazy_probe_mod" in sys.modules) == (0, False, True)  # type: ignore[attr-defined]
+    assert mod.ANSWER == 42 and mod.ANSWER == 42
+    assert (sys.lazy_probe_runs, is_loaded("lazy_probe_mod")) == (1, True)  # type: ignore[attr-defined]
+    assert lazy_import("lazy_probe_mod") is mod
+    with pytest.raises(ModuleNotFoundError, match="No module named 'lazy_probe_missing'"):
+        lazy_import("lazy_probe_missing")
+    monkeypatch.delitem(sys.modules, "lazy_probe_mod")
+
+
 def test_the_cached_formats_are_the_formats_the_files_declare() -> None:
     path = spec._cache_path()
     assert path is not None
@@ -97,7 +117,7 @@ def test_the_cache_key_follows_the_format_files_and_the_engines(tmp_path: Path, 
         (copy / p.name).write_bytes(p.read_bytes())
     monkeypatch.setattr(spec, "FORMATS_DIR", copy)
     first = spec._cache_path()
-    assert first is not None and first.parent == copy / "__pycache__" and spec._cache_path() == first
+    assert first is not None and first.parent == spec.cache_dir() and spec._cache_path() == first
     edited = next(iter(sorted(copy.glob("*.toml"))))
     edited.write_text(edited.read_text() + "\n# an edit\n")
     assert spec._cache_path() != first

@@ -10,14 +10,17 @@ import os
 import shutil
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forensics import overview
-from forensics.cli import cli
+from forensics.cli import cli, main
+from forensics.errors import ExitCode
 from forensics.ingest import IngestOptions, ingest
+from tests.conftest import ROOT
 
 LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "era5-default-b10587.log"
 
@@ -213,3 +216,42 @@ def test_report_onto_a_folder_or_an_unwritable_path_is_an_input_error(store: Pat
     assert (code, out) == (2, "")
     assert_one_line(err, "report -o /proc/...")
     assert err.startswith("forensics: error: cannot write the report to /proc/forensics-test/r.html: ")
+
+
+@click.command("boom")
+@click.argument("what")
+def _boom(what: str) -> None:
+    """A command that fails as click lets a command fail: a ClickException (click's own exit code: 1) or an
+    interrupt (Ctrl-C, which click turns into Abort)."""
+    if what == "file":
+        raise click.FileError("x.csv", hint="it is locked")
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("what", "code", "line"), [
+    ("file", 2, "forensics: error: Could not open file 'x.csv': it is locked"),
+    ("interrupt", 130, "forensics: interrupted (the store stays consistent: the next writer finishes or discards "
+                       "a commit that was cut off)"),
+])
+def test_one_error_path_for_the_runner_and_the_console_entry(what: str, code: int, line: str,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """CliRunner and ``forensics.cli.main`` (the installed command) give a command's failure the same code and
+    line: a ClickException is an input error (2, never click's 1, which would read as findings), Ctrl-C is 130."""
+    monkeypatch.setitem(cli.commands, "boom", _boom)
+    res = CliRunner().invoke(cli, ["boom", what])
+    assert (res.exit_code, res.stdout, res.stderr.strip()) == (code, "", line)
+    with pytest.raises(SystemExit) as exited:
+        main(["boom", what])
+    assert (exited.value.code, capsys.readouterr().err.strip()) == (code, line)
+
+
+def test_every_exit_code_is_an_exit_code_and_documented() -> None:
+    """The codes the command can exit with are the members of ExitCode, each in the README and in --help."""
+    assert {int(c) for c in ExitCode} == {0, 1, 2, 3, 130}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    documented = readme[readme.index("**Exit codes:**"):readme.index("## Guarantees")]
+    shown = " ".join(CliRunner().invoke(cli, ["--help"]).stdout.split())
+    for c in ExitCode:
+        assert f"`{int(c)}`" in documented, c
+        assert f" {int(c)} " in shown.partition("Exit codes:")[2], c

@@ -178,6 +178,18 @@ def test_prose_alone_is_not_a_log(tmp_path: Path) -> None:
     assert detect_format(f) is None
 
 
+def test_a_harness_note_of_command_lines_is_not_a_log(tmp_path: Path) -> None:
+    """A run folder's cmdlines.txt (copied from a real recording): `main: <command line>` matches the catch-all
+    of a server's `main:` lines, which is not evidence of a log by itself."""
+    f = tmp_path / "cmdlines.txt"
+    f.write_text("main: bin-b11434/llama-server -m models/tiny.gguf -c 2048 -np 4 -t 1 --metrics --host 127.0.0.1 "
+                 "--port 19421 > main.log 2>&1\nclient: python3 harness.py --np 4 --timeout 300\n")
+    assert detect_format(f) is None
+    f.write_text(f.read_text() + "main: server is listening on http://127.0.0.1:19421 - starting the main loop\n"
+                 "slot launch_slot_: id  0 | task 0 | processing task\n")
+    assert detect_format(f) == "llama-common"
+
+
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.log")), ids=lambda p: p.name)
 def test_kind_order_does_not_change_the_result(path: Path) -> None:
     """Trying the frequent kinds first (as ingest does once it has seen a chunk) classifies every line the same

@@ -41,9 +41,14 @@ def _walks_the_findings(text: str) -> None:
             "added 8 % throughput and 14 % latency") in text
     assert "│ dead slot ┆ 4   │" in text and "│ runaway   ┆ 2   │" in text
     assert "Items missing only in run-np6: CRM." in text
+    # incidents across runs, and the precursors: too few dead slots; the runaways share nothing the others lack
+    assert "8 incidents in 2 of the 8 runs: 1 dead slot, 4 runaways, 3 failovers; 3 recovered." in text
+    assert "1 dead slot: too few to tell what sets their onsets apart (at least 3 are needed)." in text
+    assert "4 runaways: nothing the store knows sets their onsets apart; the closest: " in text
     # what if: the run's own budget (requests under 120 s), the recommended np and cap, the run replayed there
-    assert "Recommended np 16 with output cap 1024 (predicted: the median of run-np1" in text
-    assert "run-np6 at np 16 (it ran at np 6) with output cap 1024: run time " in text
+    # the fastest np that meets the budget, measured on a healthy run (np 8 is one step past the data, slower)
+    assert "Recommended np 7 with output cap 1024 (measured on run-np7: request latency 26 s against 2m00s)" in text
+    assert "run-np6 at np 7 (it ran at np 6) with output cap 1024: run time " in text
     assert "Cap 1024 cuts 2 runaway(s) (CRM/extract), 0 normal response(s)" in text
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from forensics import docs
 from tests.conftest import ROOT
+from tools import docs
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -30,7 +30,7 @@ def _examples() -> dict[str, str]:
 
 def test_table_reference_is_current() -> None:
     page = docs.TABLES_PAGE.read_text(encoding="utf-8")
-    assert docs.updated(page) == page, "run `python -m forensics.docs --write`"
+    assert docs.updated(page) == page, "run `make docs`"
 
 
 def test_quick_start_is_two_commands() -> None:

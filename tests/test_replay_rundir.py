@@ -145,6 +145,12 @@ def test_prometheus_text_and_slot_shapes_of_every_era_parse() -> None:
     assert labelled[0]["labels"] == '{"a": "b\\"c", "position": "0"}' and labelled[0]["sample_ts"] == 1700000000000
     with pytest.raises(sidefiles.DumpError, match="line 2 is not a Prometheus sample"):
         sidefiles.parse_metrics("llamacpp:x 1\nthis is prose\n")
+    with pytest.raises(sidefiles.DumpError, match="line 1 is not a Prometheus TYPE or HELP line"):
+        sidefiles.parse_metrics("# TYPE llamacpp:x\nllamacpp:x 1\n")
+    typed = sidefiles.parse_metrics("\n# HELP llamacpp:n_busy Busy slots\n# TYPE llamacpp:n_busy counter\n"
+                                    "llamacpp:n_busy 1.5\n# TYPE llamacpp:t_total counter\nllamacpp:t_total 2\n")
+    assert [(s["name"], s["type"], s["help"], s["line"]) for s in typed] == [
+        ("llamacpp:n_busy", "counter", "Busy slots", 4), ("llamacpp:t_total", "counter", None, 6)]
     old = sidefiles._slot_row({"id": 1, "id_task": 7, "n_ctx": 2048, "state": 1, "n_predict": 128,
                                "next_token": {"has_next_token": True, "n_remain": 100, "n_decoded": 28}})
     assert (old["is_processing"], old["n_decoded"], old["n_remain"], old["n_predict"]) == (True, 28, 100, 128)

@@ -3,6 +3,7 @@ and (when chromium is installed) charts that really render."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -47,7 +48,7 @@ def test_sections_in_reading_order(demo_page: str) -> None:
     for title in ("Dead slots", "Runaways", "Prompts over the context", "Missing items", "Recommended output cap",
                   "Errors"):
         assert f'<h3 id="{title.lower().replace(" ", "-")}">{title}</h3>' in demo_page
-    for chart in ("timeline", "tokens", "busy", "throughput", "latency"):
+    for chart in ("timeline", "tokens", "busy", "incidents", "throughput", "latency"):
         assert f'<div id="chart-{chart}" class="chart">' in demo_page
     assert demo_page.index('id="chart-timeline"') < demo_page.index('<h2 id="findings">')
 
@@ -87,7 +88,7 @@ def test_tables_wrap_and_long_cells_fold() -> None:
 def test_report_references_no_external_url(demo_page: str) -> None:
     assert not EXTERNAL.search(demo_page)
     embeds = re.findall(r'vegaEmbed\("#chart-[a-z]+", (.*)\)\.catch', demo_page)
-    assert len(embeds) == 7
+    assert len(embeds) == 8
     assert not any("http" in e for e in embeds)  # the specs carry no $schema URL and no data URL
     assert demo_page.count("window.vegaEmbed=") == 1  # the library inlined once
 
@@ -180,8 +181,8 @@ def test_a_sweep_report_compares_the_runs_named(demo: tuple[Path, Any], tmp_path
 # CI sets FORENSICS_REQUIRE_CHROMIUM=1: there a missing browser fails these tests instead of skipping them.
 needs_chromium = pytest.mark.skipif(browser.CHROMIUM is None and not os.environ.get("FORENSICS_REQUIRE_CHROMIUM"),
                                     reason="chromium is not installed")
-CHARTS = ("chart-timeline", "chart-tokens", "chart-busy", "chart-throughput", "chart-latency", "chart-recommend",
-          "chart-whatif")
+CHARTS = ("chart-timeline", "chart-tokens", "chart-busy", "chart-incidents", "chart-throughput", "chart-latency",
+          "chart-recommend", "chart-whatif")
 
 
 def _blank_charts(report_path: Path, folder: Path) -> tuple[list[str], str]:
@@ -226,3 +227,15 @@ def test_the_screenshot_check_catches_a_broken_chart(demo: tuple[Path, Any], tmp
     blank, dom = _blank_charts(broken, tmp_path)
     assert blank == ["chart-busy"]
     assert 'id="chart-busy" class="chart">chart failed: ' in dom
+
+
+def test_the_incidents_section_lists_what_the_command_lists(demo: tuple[Path, Any], demo_page: str) -> None:
+    """One truth: the report's incidents are `forensics incidents run-np6`'s rows, and its first line says so."""
+    store = demo[0] / "store"
+    res = CliRunner().invoke(cli, ["incidents", "run-np6", "--store", str(store), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert rows and any(r["kind"] == "dead_slot" for r in rows)
+    section = demo_page[demo_page.index('<h2 id="incidents">'):demo_page.index('<h2 id="throughput">')]
+    assert section.count("<tr><td") == len(rows)
+    assert f"<p>{html.escape(res.stderr.strip())}</p>" in section

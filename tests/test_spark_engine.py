@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
-from forensics import findings, metrics, otel
+from forensics import findings, incidents, metrics, otel
 from forensics.cli import cli
 from forensics.fleet import Fleet, open_fleet
 from forensics.generate.fleet import FLEET_HOSTS, generate_fleet
@@ -179,6 +179,8 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Any], pl.DataFrame]]] = {
     "planning_requests": (("planning_requests",), _planning_requests),
     "request_facts": (("request_facts",), _request_facts),
     "run_setup": (("run_setup",), _run_setup),
+    "incidents": (("incidents",), lambda s: incidents.incidents(s)),
+    "precursors": (("precursors",), lambda s: incidents.precursors(s).table),
 }
 
 
@@ -206,7 +208,8 @@ def _answers(store: Store, cases: list[str]) -> dict[str, pl.DataFrame | BaseExc
 # The cases computed through the one analysis session (the others read the store themselves).
 SESSION_CASES = {"runaways", "prompt_over_context", "deadslots", "dead_slots", "cap_whatif", "caps_by_run", "errors",
                  "crashes", "kv_stall", "client_timeouts", "missing_items", "failed_requests", "run_ends", "run_cost",
-                 "request_classes", "class_tokens", "verdict", "request_facts", "run_setup"}
+                 "request_classes", "class_tokens", "verdict", "request_facts", "run_setup", "incidents",
+                 "precursors"}
 
 
 def _compare(answers: tuple[dict[str, Any], dict[str, Any]], case: str) -> pl.DataFrame:
@@ -234,7 +237,7 @@ def corpus_answers(corpus: tuple[Store, Store]) -> tuple[dict[str, Any], dict[st
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fleet_store_same_rows(fleet_answers: tuple[dict[str, Any], dict[str, Any]], case: str) -> None:
     rows = _compare(fleet_answers, case)
-    if case in ("dead_slots", "runaways", "errors", "failovers", "missing", "prompt_over_context"):
+    if case in ("dead_slots", "runaways", "errors", "failovers", "missing", "prompt_over_context", "incidents"):
         assert rows.height > 0, f"the fleet was built to have {case}"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -14,11 +13,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from filelock import FileLock
 
 import forensics.store as store_mod
 from forensics.cli import cli
+from forensics.errors import StoreError
 from forensics.ingest import IngestOptions, ingest
 from forensics.store import Store, escape_partition
+from forensics.watch.state import WatchState
 
 BLOCK = """\
 {t0} I slot launch_slot_: id  {slot} | task {task} | processing task, is_child = 0
@@ -166,8 +168,8 @@ def test_second_ingest_waits_for_the_lock(tmp_path: Path) -> None:
     write_log(logs / "a.log", 10)
     store_dir = tmp_path / "store"
     Store(store_dir, create=True)
-    fh = (store_dir / ".lock").open("a+")
-    fcntl.flock(fh, fcntl.LOCK_EX)
+    held = FileLock(store_dir / ".lock")  # the lock a first ingest holds, as another process would
+    held.acquire()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "forensics", "ingest", "--store", str(store_dir), str(logs)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -177,11 +179,27 @@ def test_second_ingest_waits_for_the_lock(tmp_path: Path) -> None:
     assert "waiting for another ingest" in said
     time.sleep(1)
     assert proc.poll() is None  # still waiting
-    fcntl.flock(fh, fcntl.LOCK_UN)
-    fh.close()
+    held.release()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert snapshot(store_dir) == (10, 50)
+
+
+def test_a_held_lock_refuses_a_writer_that_does_not_wait_and_frees_on_release(tmp_path: Path) -> None:
+    """The store's writer lock and watch's lock (filelock): a second holder is refused in one line while the first
+    holds it, and gets it once the first lets go."""
+    store = Store(tmp_path / "store", create=True)
+    watch = WatchState(tmp_path / "store")
+    with store.lock(), watch.exclusive():
+        with pytest.raises(StoreError, match="another ingest is writing to") as busy, \
+                Store(tmp_path / "store").lock(wait=False):
+            pass
+        assert busy.value.hint == "wait for it to finish, then run again"
+        with pytest.raises(StoreError, match="another `forensics watch` is following into"), \
+                WatchState(tmp_path / "store").exclusive():
+            pass
+    with Store(tmp_path / "store").lock(wait=False), WatchState(tmp_path / "store").exclusive():
+        pass
 
 
 def test_check_reports_a_missing_part(tmp_path: Path) -> None:

@@ -178,6 +178,10 @@ def test_every_finding_once_in_order_through_growth_rotation_crash_restart_and_t
         assert env["FORENSICS_EVIDENCE_LINES"] == "\n".join(a["evidence_lines"])
     first = got[0]["alert"]
     assert first["so_far"]["tokens_so_far"] >= 300 and "still running" in first["detail"]
+    # a confirmed incident names the precursors seen so far (forensics.incidents); the first is alone: too few
+    assert got[1]["alert"]["precursors"] == ("1 runaway: too few to tell what sets their onsets apart (at least 3 "
+                                             "are needed).")
+    assert all(("precursors" in r["alert"]) == (r["alert"]["status"] == "confirmed") for r in got)
     assert first["evidence_lines"][0].endswith("| task 5000 | processing task, is_child = 0")
     crash = got[7]["alert"]
     assert crash["evidence_lines"] == [L.CRASH] and crash["in_flight"] == "slot 0 task 900"

@@ -71,10 +71,15 @@ def test_metrics_text_of_both_generations() -> None:
     old = parse_metrics(payload("metrics-b4747.txt").decode())
     new = parse_metrics(payload("metrics-b10587.txt").decode())
     assert old["llamacpp:requests_processing"] == 1.0 and old["llamacpp:kv_cache_tokens"] == 1104.0
+    # a counter without _total in its name keeps the name the server gave it (the parser would add _total)
+    assert old["llamacpp:n_busy_slots_per_decode"] == 1.8 and "llamacpp:n_busy_slots_per_decode_total" not in old
     assert new["llamacpp:tokens_predicted_total"] == 3484.0 and "llamacpp:kv_cache_tokens" not in new
     assert new["llamacpp:n_tokens_max"] == 1100.0
     assert parse_metrics('llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7\n') == {
         'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 7.0}
+    assert parse_metrics('x{b="q\\"",a="1"} 2\n') == {'x{a="1",b="q\\""}': 2.0}
+    with pytest.raises(ValueError, match="line 2 is not a Prometheus sample: 'not metrics'"):
+        parse_metrics("llamacpp:x 1\nnot metrics\n")
 
 
 def test_poll_reads_both_endpoints_and_says_which_is_missing(server: tuple[str, Fake]) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
+from forensics import schema
 from forensics.commands import options as cli_mod
 
 
@@ -127,34 +129,42 @@ def _report_ingest(result: Any, verbose: bool, store_dir: Path, seconds: float) 
 
 
 class _Progress:
-    """One progress bar on stderr for the whole ingest (files, bytes, requests), shown only for ingests
-    longer than a second and only on a terminal."""
+    """One progress bar on stderr for the whole ingest (bytes read, percent, time left, files, requests), shown only
+    for ingests longer than ``after_s`` and only on a terminal: click's bar (no second terminal library)."""
 
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
+    def __init__(self, t0: float, file: TextIO | None = None, after_s: float = 1.0) -> None:
+        self.t0, self.after_s = t0, after_s
+        self.file = file if file is not None else sys.stderr
         self.bar: Any = None
+        self.shown = contextlib.ExitStack()
 
     def update(self, at: Any) -> None:
         if self.bar is None:
-            if time.monotonic() - self.t0 < 1.0 or not at.bytes_total or not sys.stderr.isatty():
+            if time.monotonic() - self.t0 < self.after_s or not at.bytes_total or not self.file.isatty():
                 return
-            from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-            self.bar = Progress(TextColumn("ingest"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TextColumn("files {task.fields[files]}  requests {task.fields[requests]:,}"),
-                                transient=True, console=Console(stderr=True))
-            self.bar.start()
-            self.task = self.bar.add_task("ingest", total=at.bytes_total, files="", requests=0)
-        self.bar.update(self.task, completed=at.bytes_done, files=f"{at.files_done}/{at.files_total}",
-                        requests=at.requests)
+            bar = click.progressbar(length=at.bytes_total, label="ingest", file=self.file, show_percent=True,
+                                    item_show_func=_at)
+            bar.current_item = at  # shown from the first drawing on
+            self.bar = self.shown.enter_context(bar)
+        self.bar.update(at.bytes_done - self.bar.pos, at)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.shown.close()
 
 
-@click.command(epilog="""\b
+def _at(at: Any) -> str | None:
+    if at is None:
+        return None
+    return (f"{at.bytes_done / 2**20:.1f}/{at.bytes_total / 2**20:.1f} MiB  files {at.files_done}/{at.files_total}  "
+            f"requests {at.requests:,}")
+
+
+SQL_HELP = (f"Run a SQL QUERY (DuckDB) over the store's tables ({', '.join(schema.TABLES)}) and the analysis' "
+            f"tables ({', '.join(schema.DERIVED)}, and finding_<name> for each finding); docs/tables.md has their "
+            "columns.")
+
+
+@click.command(help=SQL_HELP, short_help="Run a SQL QUERY (DuckDB) over the store's tables.", epilog="""\b
 Examples:
   forensics sql "select slot, count(*) n, sum(gen_tokens) from requests group by slot"
   forensics sql "select * from unparsed limit 20" --format csv
@@ -163,8 +173,7 @@ Examples:
 @cli_mod.format_option
 @cli_mod.store_option
 def sql(query: str, fmt: str, store_path: Path | None) -> None:
-    """Run a SQL QUERY (DuckDB) over the store's tables: files, instances, events, requests, unparsed, runs,
-    attempts, items."""
+    # the help names the tables from forensics.schema (SQL_HELP): one list, never a second one to keep
     from forensics.render import render
     from forensics.sql import run_sql
 

@@ -67,14 +67,12 @@ class LazyChoice(click.Choice):
 
     def __init__(self, load: Callable[[], Sequence[str]], case_sensitive: bool = True) -> None:
         self._load = load
-        self._choices: tuple[str, ...] | None = None
         self.case_sensitive = case_sensitive
 
     @property
     def choices(self) -> tuple[str, ...]:  # type: ignore[override]  # click's is a plain attribute; this one loads late
-        if self._choices is None:
-            self._choices = tuple(self._load())
-        return self._choices
+        # asked anew each time: the format names depend on the user's formats folders (--formats)
+        return tuple(self._load())
 
 
 def format_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -54,6 +54,9 @@ class DeadSlot:
 
     mode: ``slow`` (runs abnormally long, the client times out and cancels), ``one_token`` (1 token; the
     client cannot parse it), ``error`` (an exception in the slot, HTTP 500).
+
+    cause: what the request it dies on was sent with (a planted cause, for the incidents' precursors):
+    ``uncapped`` (no output cap), ``full_prompt`` (a prompt of 90 % of the slot's context), or None.
     """
 
     server: str
@@ -61,6 +64,7 @@ class DeadSlot:
     from_request: int = 3
     mode: str = "slow"
     slow_factor: float = 40.0
+    cause: str | None = None
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,14 @@ def _us(ms: float) -> int:
     return round(ms * 100.0) * 10
 
 
+def plant_cause(r: Req, cause: str | None, spec: Server) -> None:
+    """What the request a slot dies on was sent with (``DeadSlot.cause``)."""
+    if cause == "uncapped":
+        r.max_tokens = None
+    elif cause == "full_prompt":
+        r.prompt = int(0.9 * spec.n_ctx_slot)
+
+
 def shifts_for(prompt: int, gen: int, n_ctx: int) -> tuple[list[tuple[int, int, int]], int]:
     """Context shifts while generating ``gen`` tokens after ``prompt``: [(gen index, n_left, n_discard)], n_past."""
     n = prompt
@@ -207,6 +215,8 @@ class Simulator:
             if ds.server == srv.spec.name and ds.slot == slot.id and slot.served >= ds.from_request:
                 r.dead_mode = ds.mode
                 r.slow = ds.slow_factor if ds.mode == "slow" else 1.0
+                if slot.served == ds.from_request:
+                    plant_cause(r, ds.cause, spec)
         r.prompt_logged = r.prompt
         if r.prompt > spec.n_ctx_slot:
             if srv.build >= CTX_REJECT:

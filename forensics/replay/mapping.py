@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
 
@@ -28,7 +28,10 @@ from forensics.errors import InternalError, MappingError
 from forensics.paths import file_stem
 from forensics.replay import events, mapsql
 from forensics.replay.clock import MANIFEST, Relative
-from forensics.replay.records import RawRecord, parse_time, read_text
+from forensics.replay.records import RawRecord, parse_time, read_text, schema_errors
+
+if TYPE_CHECKING:
+    import jsonschema
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -163,14 +166,12 @@ def load_mapping(path: Path | str) -> Mapping:
                            hint=f"shipped mappings: {', '.join(shipped_mappings())}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise MappingError(f"not valid TOML: {exc}", path=src, hint="fix the mapping file") from exc
+    errors = schema_errors("mapping", data)  # forensics/schemas/mapping.schema.json: the file's shape
+    if errors:
+        message, hint = _explain(errors[0], data)
+        raise MappingError(message, path=src, hint=hint)
     meta = data.get("mapping", {})
     fmt = meta.get("format")
-    if fmt is not None and fmt not in FORMATS:
-        raise MappingError(f"[mapping] format = {fmt!r} is not one of {', '.join(FORMATS)}", path=src)
-    unknown = set(data) - {"mapping", "manifest", "attempts"}
-    if unknown:
-        raise MappingError(f"unknown section(s) {', '.join(sorted(unknown))}", path=src,
-                           hint="sections are [mapping], [manifest] and [attempts]")
     tables = [*_tables(data.get("manifest"), "manifest", MANIFEST_FIELDS, src),
               *_tables(data.get("attempts"), "attempts", ATTEMPT_FIELDS, src)]
     if not tables:
@@ -179,6 +180,102 @@ def load_mapping(path: Path | str) -> Mapping:
     first = {kind: next((s for _, k, s in tables if k == kind), None) for kind in ("manifest", "attempts")}
     return Mapping(src, str(meta.get("name") or p.stem), fmt, first["manifest"], first["attempts"], meta,
                    tuple(tables))
+
+
+SECTION_KEYS = "path, layout, key, files, where, anchor, fields, set"
+FIELD_SHAPE = "give path or sql, and optionally unit, scale, map, default, optional, take, when"
+
+
+def _explain(err: jsonschema.ValidationError, data: dict[str, Any]) -> tuple[str, str | None]:
+    """A schema error in the words of a mapping file: ``[attempts.fields] ttft_ms: ...``, with a hint."""
+    err = _leaf(err)
+    at = list(err.absolute_path)
+    if not at:
+        extra = sorted(set(data) - {"mapping", "manifest", "attempts"})
+        return f"unknown section(s) {', '.join(extra)}", "sections are [mapping], [manifest] and [attempts]"
+    if at[0] == "mapping":
+        key = ".".join(str(p) for p in at[1:])
+        if err.validator == "enum":
+            return f"[mapping] {key} = {err.instance!r} is not one of {', '.join(map(str, _allowed(err)))}", None
+        return f"[mapping] {key or 'must be a table'}{': ' + err.message if key else ''}", None
+    many = len(at) > 1 and isinstance(at[1], int)
+    label = f"{at[0]} {int(at[1]) + 1}" if many else str(at[0])
+    rest = at[2:] if many else at[1:]
+    if rest[:1] == ["fields"] and len(rest) > 1:
+        name = str(rest[1])
+        if name in NESTED and len(rest) > 2 and isinstance(rest[2], str) and rest[2] not in FIELD_KEYS:
+            name += f".{rest[2]}"  # ended = { how = ... }: the field ended.how
+        return f"[{label}.fields] {name}: {_field_problem(err)}", None
+    return _section_problem(err, label, [str(p) for p in rest])
+
+
+def _leaf(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """Of an error under ``anyOf`` (a value that fits none of its shapes), the one of the shape it meant: the
+    deepest, and a wrong value rather than a wrong type."""
+    while err.validator == "anyOf" and err.context:
+        here = len(err.absolute_path)
+        # a shape whose type the value does not have says nothing more than that
+        wrong_type = {e.relative_schema_path[0] for e in err.context
+                      if e.validator == "type" and len(e.absolute_path) == here}
+        fits = [e for e in err.context if e.relative_schema_path[0] not in wrong_type]
+        if not fits:
+            return err
+        depth = max(len(e.absolute_path) for e in fits)
+        deepest = [e for e in fits if len(e.absolute_path) == depth]
+        err = next((e for e in deepest if e.validator != "type"), deepest[0])
+    return err
+
+
+def _allowed(err: jsonschema.ValidationError) -> list[Any]:
+    value: Any = err.validator_value  # the stubs allow Unset: an enum error always sets it
+    return list(value)
+
+
+def _field_problem(err: jsonschema.ValidationError) -> str:
+    instance: Any = err.instance
+    key = str(err.absolute_path[-1]) if err.absolute_path else ""
+    if err.validator == "anyOf":
+        return "expected a path string, a list of them, or a table"
+    if err.validator in ("oneOf", "additionalProperties"):
+        bad = sorted(set(instance) - set(FIELD_KEYS)) if isinstance(instance, dict) else []
+        return FIELD_SHAPE + (f" (unknown: {', '.join(bad)})" if bad else "")
+    if key == "take":
+        return f"take = {instance!r} is not one of {', '.join(TAKES)}"
+    if key == "absent":
+        return "absent must be the sentence to say when a file lacks the field"
+    if err.validator == "minItems":
+        return "give at least one path (or expression)"
+    if err.validator == "type":
+        return f"{key} must be {_type_words(err)}, not {instance!r}" if key else f"must be {_type_words(err)}"
+    return f"{key}: {err.message}" if key else err.message
+
+
+def _type_words(err: jsonschema.ValidationError) -> str:
+    words = {"string": "a string", "boolean": "true or false", "array": "a list", "object": "a table",
+             "number": "a number", "integer": "an integer"}
+    value: Any = err.validator_value  # the stubs allow Unset: a type error always sets it
+    return " or ".join(words.get(t, t) for t in ([value] if isinstance(value, str) else value))
+
+
+def _section_problem(err: jsonschema.ValidationError, label: str, rest: list[str]) -> tuple[str, str | None]:
+    key = rest[0] if rest else ""
+    if err.validator == "additionalProperties":
+        instance: Any = err.instance
+        extra = sorted(set(instance) - set(SECTION_KEYS.split(", ")))
+        return f"[{label}] unknown key(s) {', '.join(extra)}", f"keys: {SECTION_KEYS}"
+    if key == "layout":
+        return f"[{label}] layout = {err.instance!r} is not one of {', '.join(LAYOUTS)}", None
+    if key == "files":
+        return f"[{label}] files must be a glob such as \"*.csv\" or a list of globs", None
+    if key == "where":
+        return f"[{label}] where must be a SQL expression string", None
+    if key == "anchor":
+        return f"[{label}] anchor: give \"manifest\" or {{ path = ..., unit = ... }} (or a list)", None
+    if not key:
+        return f"[{label}] must be a table", "or [[" + label.split()[0] + "]] tables, each a table"
+    if err.validator == "type":
+        return f"[{label}] {'.'.join(rest)} must be {_type_words(err)}, not {err.instance!r}", None
+    return f"[{label}] {'.'.join(rest)}: {err.message}", None
 
 
 def _tables(raw: Any, kind: str, allowed: dict[str, str], src: str) -> list[tuple[str, str, Section]]:
@@ -201,17 +298,9 @@ def _tables(raw: Any, kind: str, allowed: dict[str, str], src: str) -> list[tupl
 def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise MappingError(f"[{name}] must be a table", path=src)
-    bad = set(raw) - {"path", "layout", "fields", "set", "files", "where", "anchor", "key"}
-    if bad:
-        raise MappingError(f"[{name}] unknown key(s) {', '.join(sorted(bad))}", path=src,
-                           hint="keys: path, layout, key, files, where, anchor, fields, set")
     paths = raw.get("path", "")
     paths_t = (paths,) if isinstance(paths, str) else tuple(paths)
     layout = raw.get("layout", "records")
-    if layout not in LAYOUTS:
-        raise MappingError(f"[{name}] layout = {layout!r} is not one of {', '.join(LAYOUTS)}", path=src)
     specs = [_field_spec(key, spec, name, allowed, src) for key, spec in _flatten(raw.get("fields", {})).items()]
     for key, value in _flatten(raw.get("set", {})).items():
         if key not in allowed:
@@ -220,12 +309,11 @@ def _section(raw: Any, name: str, allowed: dict[str, str], src: str) -> Section 
         specs.append(FieldSpec(key, None, const=_null(value)))
     where = raw.get("where")
     if where is not None:
-        if not isinstance(where, str):
-            raise MappingError(f"[{name}] where must be a SQL expression string", path=src)
         _check_sql(where, f"[{name}] where", src)
     key_column = _key(raw.get("key"), layout, name, src)
     _check_events(specs, layout, raw.get("anchor"), name, src)
-    return Section(paths_t, layout, tuple(specs), _globs(raw.get("files"), name, src), where,
+    files = raw.get("files")
+    return Section(paths_t, layout, tuple(specs), (files,) if isinstance(files, str) else tuple(files or ()), where,
                    _anchors(raw.get("anchor"), name, src), key_column)
 
 
@@ -257,16 +345,6 @@ def _check_events(specs: list[FieldSpec], layout: str, anchor: Any, name: str, s
                            hint="map started_at to a wall-clock field of the events instead")
 
 
-def _globs(files: Any, name: str, src: str) -> tuple[str, ...]:
-    if files is None:
-        return ()
-    if isinstance(files, str):
-        return (files,)
-    if isinstance(files, list) and files and all(isinstance(g, str) for g in files):
-        return tuple(files)
-    raise MappingError(f"[{name}] files must be a glob such as \"*.csv\" or a list of globs", path=src)
-
-
 def _anchors(raw: Any, name: str, src: str) -> tuple[FieldSpec | str, ...]:
     """``anchor = "manifest"``, ``{ path = ..., unit = "epoch_s" }`` or a list of those (first found wins)."""
     if raw is None:
@@ -275,15 +353,12 @@ def _anchors(raw: Any, name: str, src: str) -> tuple[FieldSpec | str, ...]:
     for a in raw if isinstance(raw, list) else [raw]:
         if a == MANIFEST:
             out.append(MANIFEST)
-        elif isinstance(a, dict):
-            spec = _field_spec("anchor", a, name, {"anchor": "time"}, src)
-            if spec.unit in CLOCK_UNITS:
-                raise MappingError(f"[{name}] anchor: a wall-clock time is needed (unit {spec.unit!r} is relative)",
-                                   path=src)
-            out.append(spec)
-        else:
-            raise MappingError(f"[{name}] anchor: give \"manifest\" or {{ path = ..., unit = ... }} (or a list)",
+            continue
+        spec = _field_spec("anchor", a, name, {"anchor": "time"}, src)
+        if spec.unit in CLOCK_UNITS:
+            raise MappingError(f"[{name}] anchor: a wall-clock time is needed (unit {spec.unit!r} is relative)",
                                path=src)
+        out.append(spec)
     return tuple(out)
 
 
@@ -295,14 +370,8 @@ def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: st
                            hint=f"fields: {', '.join(allowed)}")
     if isinstance(spec, str):
         return FieldSpec(key, spec)
-    if isinstance(spec, list) and spec and all(isinstance(x, str) for x in spec):
+    if isinstance(spec, list):
         return FieldSpec(key, spec[0], alternatives=tuple(spec))
-    if not isinstance(spec, dict):
-        raise MappingError(f"[{name}.fields] {key}: expected a path string or a table", path=src)
-    bad = set(spec) - FIELD_KEYS
-    if bad or ("path" in spec) == ("sql" in spec):
-        raise MappingError(f"[{name}.fields] {key}: give path or sql, and optionally unit, scale, map, default, "
-                           "optional, take, when" + (f" (unknown: {', '.join(sorted(bad))})" if bad else ""), path=src)
     unit = spec.get("unit")
     if unit is not None:
         _check_unit(key, allowed[key], unit, name, src)
@@ -315,12 +384,7 @@ def _field_spec(key: str, spec: Any, name: str, allowed: dict[str, str], src: st
     alts = tuple(path) if isinstance(path, list) else ()
     value_map = {k: _null(v) for k, v in spec["map"].items()} if isinstance(spec.get("map"), dict) else None
     absent = spec.get("absent")
-    if absent is not None and not (isinstance(absent, str) and absent.strip()):
-        raise MappingError(f"[{name}.fields] {key}: absent must be the sentence to say when a file lacks the field",
-                           path=src)
     take, when = spec.get("take"), spec.get("when")
-    if take is not None and take not in TAKES:
-        raise MappingError(f"[{name}.fields] {key}: take = {take!r} is not one of {', '.join(TAKES)}", path=src)
     if when is not None:
         _check_sql(when, f"[{name}.fields] {key} when", src)
     return FieldSpec(key, alts[0] if alts else path, unit, spec.get("scale"), value_map, _null(spec.get("default")),

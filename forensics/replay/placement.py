@@ -86,7 +86,7 @@ def to_datetime(s: pl.Series) -> pl.Series:
     whole = np.floor(np.where(valid, x, 0.0))
     micros = whole.astype(np.int64) * 1_000_000 + np.rint((np.where(valid, x, 0.0) - whole) * 1e6).astype(np.int64)
     out = pl.Series(s.name, micros).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-    return out.set(pl.Series(~valid), None).cast(schema.TS)
+    return out.set(pl.Series(~valid), None).cast(schema.polars_type(schema.TS))
 
 
 def log_times(req: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:

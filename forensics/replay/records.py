@@ -164,8 +164,9 @@ def _error_message(err: jsonschema.ValidationError) -> str:
     return err.message
 
 
-def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
-    """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+def schema_errors(kind: str, obj: Any) -> list[jsonschema.ValidationError]:
+    """Each way ``obj`` breaks the ``kind`` schema of ``forensics/schemas/`` (``manifest``, ``attempt``,
+    ``mapping``), in document order: none at the cost of the compiled check when it is valid."""
     import fastjsonschema
 
     try:
@@ -173,7 +174,12 @@ def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
         return []
     except fastjsonschema.JsonSchemaException:
         pass
-    errs = sorted(validator(kind).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return sorted(validator(kind).iter_errors(obj), key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
+
+
+def schema_issues(kind: str, obj: Any) -> list[tuple[str, str]]:
+    """(field, message) for each way ``obj`` breaks the ``kind`` schema, in field order."""
+    errs = sorted(schema_errors(kind, obj), key=lambda e: [str(p) for p in e.absolute_path])
     return [(_error_field(e), _error_message(e)) for e in errs]
 
 
@@ -417,7 +423,7 @@ class _Builder:
         out = Records(errors=self.errors, notes=self.words.notes() + self.notes)
         if self.runs_rows:
             out.runs = schema.conform(pl.DataFrame(self.runs_rows, schema_overrides={
-                "started_at": schema.TS, "ended_at": schema.TS}, infer_schema_length=None), "runs")
+                "started_at": schema.polars_type(schema.TS), "ended_at": schema.polars_type(schema.TS)}, infer_schema_length=None), "runs")
         if self.att_rows:
             out.attempts = schema.conform(pl.DataFrame(self.att_rows, schema_overrides=_attempt_overrides(),
                                                        infer_schema_length=None), "attempts")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +30,6 @@ from forensics import schema
 from forensics.replay.records import read_text
 
 MAX_DUMP_BYTES = 16 * 1024 * 1024  # a dump is small; a larger file is not read whole to tell
-# name{labels} value [timestamp]; labels are key="value" pairs with \" \\ \n escapes
-SAMPLE = regex.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
-                       r'[ \t]+(?P<value>\S+)(?:[ \t]+(?P<ts>-?\d+))?[ \t]*$')
-LABEL = regex.compile(r'(?P<k>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*"(?P<v>(?:[^"\\]|\\.)*)"')
-META = regex.compile(r"^#\s*(?P<what>HELP|TYPE)\s+(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\s+(?P<text>.*))?$")
 DATA_SUFFIXES = {".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".yaml", ".yml", ".parquet", ".db", ".sqlite",
                  ".npy", ".npz", ".pkl", ".pickle", ".xlsx", ".html", ".png", ".jpg", ".svg", ".pdf"}
 SLOT_KEYS = ("id_task", "state", "is_processing", "params", "next_token")
@@ -121,57 +115,44 @@ def is_data_file(path: Path, head: bytes) -> bool:
 
 # ---------------------------------------------------------------------------------------------- /metrics
 def parse_metrics(text: str) -> list[dict[str, Any]]:
-    """The samples of a Prometheus text exposition, each with its family's type and help; raises DumpError on
-    a line that is neither a comment nor a sample."""
-    types: dict[str, str] = {}
-    helps: dict[str, str] = {}
+    """The samples of a Prometheus text exposition (read by ``prometheus_client``'s parser), each with its name as
+    the text writes it, its labels (JSON, keys sorted; None without labels), its family's type (None when no
+    ``# TYPE`` line gives one) and help, and its line in the text; raises DumpError naming the first line the
+    parser refuses."""
+    from prometheus_client.parser import text_string_to_metric_families  # 50 ms: loaded when a dump is read
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        raise DumpError(_bad_line(text)) from None
+    # the parser reads the text line by line (split at \n only) and gives one sample per line that is neither
+    # blank nor a comment, in the text's order
+    lines = [(n, raw.strip()) for n, raw in enumerate(text.split("\n"), start=1)
+             if raw.strip() and not raw.strip().startswith("#")]
+    found = [(family, s) for family in families for s in family.samples]
     samples: list[dict[str, Any]] = []
-    for n, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("#"):
-            m = META.match(line)
-            if m and m["what"] == "TYPE":
-                types[m["name"]] = (m["text"] or "").strip()
-            elif m:
-                helps[m["name"]] = (m["text"] or "").strip()
-            continue
-        m = SAMPLE.match(line)
-        if m is None:
-            raise DumpError(f"line {n} is not a Prometheus sample: {line[:80]!r}")
-        samples.append({"name": m["name"], "labels": _labels(m["labels"] or ""), "value": _number(m["value"], n),
-                        "sample_ts": int(m["ts"]) if m["ts"] else None, "line": n})
-    for s in samples:
-        family = _family(s["name"], types)
-        s["type"] = types.get(family)
-        s["help"] = helps.get(family)
+    for (family, s), (n, line) in zip(found, lines, strict=True):
+        # a counter whose name lacks _total gets one from the parser (OpenMetrics naming): keep the text's name
+        name = family.name if family.type == "counter" and not line.startswith(s.name) else s.name
+        samples.append({"name": name, "labels": json.dumps(s.labels, sort_keys=True) if s.labels else None,
+                        "value": float(s.value),
+                        "sample_ts": None if s.timestamp is None else round(float(s.timestamp) * 1000),
+                        "line": n, "type": None if family.type in ("unknown", "untyped") else family.type,
+                        "help": family.documentation or None})
     return samples
 
 
-def _labels(text: str) -> str | None:
-    pairs = {m["k"]: m["v"].replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\") for m in LABEL.finditer(text)}
-    return json.dumps(pairs, sort_keys=True) if pairs else None
+def _bad_line(text: str) -> str:
+    """What is wrong with a text the parser refused: its first line that does not parse alone."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-
-def _number(text: str, line: int) -> float:
-    low = text.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise DumpError(f"line {line}: {text!r} is not a number") from None
-
-
-def _family(name: str, types: dict[str, str]) -> str:
-    for suffix in ("_bucket", "_sum", "_count", "_total", "_created"):
-        base = name.removesuffix(suffix)
-        if base != name and base in types:
-            return base
-    return name
+    for n, raw in enumerate(text.split("\n"), start=1):
+        try:
+            list(text_string_to_metric_families(raw + "\n"))
+        except ValueError:
+            what = "TYPE or HELP line" if raw.strip().startswith("#") else "sample"
+            return f"line {n} is not a Prometheus {what}: {raw.strip()[:80]!r}"
+    return "not a Prometheus text exposition"
 
 
 def _metrics(text: str, path: Path, run: str, server: str | None, taken: str | None) -> Dump | None:

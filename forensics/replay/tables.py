@@ -17,25 +17,32 @@ from forensics.sql import load_query
 from forensics.store import fetch_pl, view_names
 
 
-def _connect(store: Any) -> duckdb.DuckDBPyConnection:
+def _connect(store: Any, also: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
     """The store's views plus the join's ``replay_matches`` and ``replay_requests``: read from the store when
     the last ingest stored what the join found (the ``matches`` table, ``requests.replay_run``), else computed
-    now (a store written before the join stored it, or one whose join could not rewrite every log)."""
-    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests"])
+    now (a store written before the join stored it, or one whose join could not rewrite every log).  ``also``
+    names further store tables the caller's query reads."""
+    con = store.connect(tables=["runs", "attempts", "items", "matches", "requests", *also])
+    bind_join(con, store)
+    return con
+
+
+def bind_join(con: duckdb.DuckDBPyConnection, store: Any) -> None:
+    """``replay_matches`` and ``replay_requests`` on ``con`` (which has the store's ``matches`` and ``requests``
+    views when they exist): the stored join when the last ingest stored it, else the join worked out now."""
     if store.meta("join_stored") and not store.meta("join_pending"):
         have = view_names(con)
         for name, table in (("replay_matches", "matches"), ("replay_requests", "requests")):
             if table in have:
-                con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table}")
+                con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {table}")
             else:
                 con.register(name, schema.empty(table).to_arrow())
-        return con
+        return
     from forensics.replay.join import join_store
 
     jr = join_store(store)
     con.register("replay_matches", jr.matches.to_arrow())
     con.register("replay_requests", jr.requests.to_arrow())
-    return con
 
 
 def runs_table(store: Any, runs: list[str] | None = None) -> pl.DataFrame:

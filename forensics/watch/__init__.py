@@ -23,6 +23,8 @@ from typing import Any
 import polars as pl
 
 from forensics.errors import ForensicsError, InputError
+from forensics.incidents import KINDS as INCIDENT_KINDS
+from forensics.incidents import seen_so_far
 from forensics.ingest import (
     FilesNotRead,
     IngestOptions,
@@ -288,10 +290,14 @@ class Watcher:
         self.first_seen = {k: v for k, v in self.first_seen.items()
                            if tuple(k.split("/")[:2]) in {(a, b) for a, b, _, _ in self.live.keys}}
         metrics = {v.url: v.metrics for v in self.views if v.metrics}
+        seen: dict[str, str] | None = None  # the precursors so far, worked out for the first new incident
         for c in sorted(cands, key=lambda c: (c.path, c.at_line, c.key[0] != "crash")):
             if self.state.known(c.id):
                 continue
             alert = {"id": c.id, **c.alert, "detected_at": now_iso()}
+            if alert.get("kind") in INCIDENT_KINDS and alert.get("status") == "confirmed":
+                seen = self._precursors() if seen is None else seen
+                alert["precursors"] = seen.get(str(alert["kind"]))
             alert["evidence_lines"] = self.index.read(c.path, *c.lines) if c.lines else []
             if metrics and alert.get("status") == "suspected":
                 alert["server_metrics"] = metrics
@@ -309,6 +315,14 @@ class Watcher:
             self.noted.add("backlog")
             self.note(f"{self.summary.backlog} finding(s) were already in the logs when watch first read them: "
                       "recorded in the store, not raised (--backlog raises them)")
+
+    def _precursors(self) -> dict[str, str]:
+        """Each incident kind's precursor sentence over the store's runs so far (forensics.incidents)."""
+        try:
+            return seen_so_far(Store(self.opts.store))
+        except ForensicsError as exc:
+            self._note_once(f"precursors: {exc.one_line()}")
+            return {}
 
     # ------------------------------------------------------------------ delivery
     def _redeliver(self) -> None:

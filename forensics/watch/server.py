@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-import regex
+from forensics.replay import sidefiles
 
 
 @dataclass(frozen=True)
@@ -74,21 +74,19 @@ def parse_slots(payload: Any) -> list[SlotView]:
     return out
 
 
-_SAMPLE = regex.compile(r"^(?P<name>[A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(?P<value>\S+)")
-
-
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text exposition: ``name{labels} value`` lines (labels kept in the name), comments skipped."""
+    """Prometheus text exposition (read as a run folder's dump is, ``replay.sidefiles.parse_metrics``): each
+    sample's value by its name, with its labels in the name (``name{position="0"}``, keys sorted).  A text the
+    parser refuses raises ValueError naming the line (``poll`` keeps it as the endpoint's error)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m is None:
-            continue
-        try:
-            out[m["name"]] = float(m["value"])
-        except ValueError:
-            continue
+    for s in sidefiles.parse_metrics(text):
+        labels = ",".join(f'{k}="{_escaped(v)}"' for k, v in json.loads(s["labels"]).items()) if s["labels"] else ""
+        out[f"{s['name']}{{{labels}}}" if labels else s["name"]] = s["value"]
     return out
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def _get(url: str, timeout_s: float) -> tuple[int, bytes]:

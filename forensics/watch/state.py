@@ -16,7 +16,6 @@ Library only: no click.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -66,19 +65,20 @@ class WatchState:
     # ------------------------------------------------------------------ lock
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Hold the watch lock of this store for the life of one watch."""
+        """Hold the watch lock of this store for the life of one watch (``filelock``, on every platform)."""
+        import filelock
+
         self.dir.mkdir(parents=True, exist_ok=True)
-        fh = (self.dir / ".lock").open("a+")
+        held = filelock.FileLock(self.dir / ".lock")
         try:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StoreError(f"another `forensics watch` is following into {self.dir.parent}",
-                                 hint="stop it first, or give this one its own --store") from None
+            held.acquire(timeout=0)
+        except filelock.Timeout:
+            raise StoreError(f"another `forensics watch` is following into {self.dir.parent}",
+                             hint="stop it first, or give this one its own --store") from None
+        try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            fh.close()
+            held.release()
 
     # ------------------------------------------------------------------ loading
     def load(self) -> None:

@@ -1,7 +1,8 @@
-"""Generate the table reference, docs/tables.md, from ``forensics.schema`` (``python -m forensics.docs --write``).
+"""Generate the table reference, docs/tables.md, from ``forensics.schema`` (``make docs``: ``python -m tools.docs --write``).
 
 The page keeps the generated text between ``<!-- tables:start -->`` and ``<!-- tables:end -->``; a test fails
-when it is stale, so the documentation cannot drift from the contract.
+when it is stale, so the documentation cannot drift from the contract.  A tool of the checkout, not of the
+installed package: the page is not installed with it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
     if "--write" in sys.argv:
         TABLES_PAGE.write_text(new, encoding="utf-8")
     elif new != text:
-        print("docs/tables.md is stale: run `python -m forensics.docs --write`", file=sys.stderr)
+        print("docs/tables.md is stale: run `make docs` (python -m tools.docs --write)", file=sys.stderr)
         sys.exit(1)
 
 
