@@ -113,9 +113,11 @@ def clone_store(src: Path, dest: Path, copies: int) -> int:
     manifest["packs"] = new_packs
     manifest["parts"] = {t: [_renamed(p, s) for p in manifest["parts"].get(t, []) for s in suffixes]
                          for t in new_packs}
-    files = manifest["meta"].get("files", {})
-    manifest["meta"]["files"] = {fid + s: {**m, "run": f"{m.get('run')}{s}"} for fid, m in files.items()
-                                 for s in suffixes}
+    files = Store(src).meta("files", {}) or {}  # kept in a file of its own (the store's detached meta)
+    (dest / "_meta").mkdir(exist_ok=True)
+    (dest / "_meta" / "files-clone.json").write_text(json.dumps(
+        {fid + s: {**m, "run": f"{m.get('run')}{s}"} for fid, m in files.items() for s in suffixes}))
+    manifest["meta"]["files"] = {"detached": "_meta/files-clone.json"}
     (dest / MANIFEST).write_text(json.dumps(manifest))
     return len({p.split("/")[1] for p in manifest["parts"].get("requests", [])})
 
@@ -146,6 +148,12 @@ def _cloned_derived(src: Path, dest: Path, entry: dict | None, sfx: pa.Table, su
     return {**entry, "batches": batches, "stale": [r + s for r in entry.get("stale", []) for s in suffixes]}
 
 
+def shown(m: Measure) -> Measure:
+    """``m``, its row printed to stderr at once: a long benchmark that fails late keeps what it measured."""
+    print(table([m]).splitlines()[-1], file=sys.stderr, flush=True)
+    return m
+
+
 def _renamed(rel: str, suffix: str) -> str:
     table, run_dir, rest = rel.split("/", 2)
     return f"{table}/{run_dir}{suffix}/{rest}"
@@ -172,21 +180,21 @@ def bench_runs(out: Path, n_runs: int, requests: int, seed: int) -> list[Measure
     extra.mkdir()
     shutil.move(str(runs_dir / f"run-{n_runs:05d}"), str(extra / f"run-{n_runs:05d}"))
     mb = mb * n_runs / (n_runs + 1)
-    res = [Measure(label, "build run folders (generator)", time.perf_counter() - t0, None, mb)]
+    res = [shown(Measure(label, "build run folders (generator)", time.perf_counter() - t0, None, mb))]
     store = out / "store-runs"
     shutil.rmtree(store, ignore_errors=True)
     fx = forensics_cmd()
     grep = run_measured(["grep", "-rc", "print_timing", str(runs_dir)])
-    res.append(Measure(label, "grep -rc print_timing (floor)", grep.wall, None, mb, cpu_s=grep.cpu))
+    res.append(shown(Measure(label, "grep -rc print_timing (floor)", grep.wall, None, mb, cpu_s=grep.cpu)))
     ingest = [*fx, "ingest", str(runs_dir), "--store", str(store)]
     r = run_measured(ingest)
-    res.append(Measure(label, "forensics ingest (and compaction)", r.wall, r.rss, mb,
-                       r.err.strip().splitlines()[-1][:120] if r.rc == 0 else f"exit {r.rc}",
-                       cpu_s=r.cpu, grep_s=grep.wall))
+    res.append(shown(Measure(label, "forensics ingest (and compaction)", r.wall, r.rss, mb,
+                             r.err.strip().splitlines()[-1][:120] if r.rc == 0 else f"exit {r.rc}",
+                             cpu_s=r.cpu, grep_s=grep.wall)))
     r = run_measured(ingest)
-    res.append(Measure(label, "re-ingest (unchanged)", r.wall, r.rss, None, f"exit {r.rc}", cpu_s=r.cpu))
+    res.append(shown(Measure(label, "re-ingest (unchanged)", r.wall, r.rss, None, f"exit {r.rc}", cpu_s=r.cpu)))
     res += one_more(label, store, extra / f"run-{n_runs:05d}")
-    res += query_times(label, store, first_run="run-00001")
+    res += query_times(label, store, first_run="run-00001", same=f"run-{n_runs - len(TEMPLATES):05d}")
     return res
 
 
@@ -201,21 +209,37 @@ def one_more(label: str, store: Path, folder: Path) -> list[Measure]:
         if what == "into the store":
             shutil.copytree(store, dest)
         r = run_measured([*fx, "ingest", str(folder), "--store", str(dest)])
-        res.append(Measure(label, f"ingest one more run folder {what}", r.wall, r.rss, None, f"exit {r.rc}",
-                           cpu_s=r.cpu))
+        res.append(shown(Measure(label, f"ingest one more run folder {what}", r.wall, r.rss, None, f"exit {r.rc}",
+                                 cpu_s=r.cpu)))
+        if what == "into an empty store":  # the one-run questions on a store of that run alone
+            for cmd in one_run_commands(dest, folder.name):
+                r = run_measured([*fx, *cmd])
+                words = [c for c in cmd if not c.startswith("--") and c not in (str(dest), "csv")]
+                res.append(shown(Measure("1 run (alone)", "forensics " + " ".join(words), r.wall, r.rss, None,
+                                         f"exit {r.rc}", cpu_s=r.cpu)))
         shutil.rmtree(dest, ignore_errors=True)
     return res
 
 
-def query_times(label: str, store: Path, first_run: str) -> list[Measure]:
+def one_run_commands(store: Path, run: str) -> list[list[str]]:
+    """Questions about one run: each costs on a store of thousands what it costs on that run's store alone
+    (target: at most 1.2 times)."""
+    s = ["--store", str(store)]
+    return [["verdict", run, *s], ["runaways", run, *s, "--format", "csv"],
+            ["missing", run, *s, "--format", "csv"], ["throughput", run, *s, "--format", "csv"]]
+
+
+def query_times(label: str, store: Path, first_run: str, same: str) -> list[Measure]:
+    """Every command on the store, then the one-run questions about ``same`` (a run built from the same
+    template as the run ``one_more`` measured alone)."""
     fx = forensics_cmd()
     res = []
     n_req = run_measured([*fx, "sql", "select count(*) as n from requests", "--store", str(store), "--format", "csv"])
-    for cmd in commands(store, first_run):
+    for cmd in [*commands(store, first_run), *one_run_commands(store, same)]:
         r = run_measured([*fx, *cmd])
         words = [c for c in cmd if not c.startswith("--") and c not in (str(store), "csv")]
-        res.append(Measure(label, "forensics " + " ".join(words), r.wall, r.rss, None,
-                           f"exit {r.rc}" + (f": {r.err.strip()[:100]}" if r.rc > 1 else ""), cpu_s=r.cpu))
+        res.append(shown(Measure(label, "forensics " + " ".join(words), r.wall, r.rss, None,
+                                 f"exit {r.rc}" + (f": {r.err.strip()[:100]}" if r.rc > 1 else ""), cpu_s=r.cpu)))
     res[0].note += f"; {n_req.out.strip().splitlines()[-1]} requests in store"
     return res
 
@@ -234,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench_runs(args.out, args.runs, args.requests, args.seed)
     if args.clone > 1:
         n = clone_store(args.out / "store-runs", args.out / "store-clone", args.clone)
-        rows += query_times(f"{n:,} runs (cloned)", args.out / "store-clone", first_run="run-00001-c1")
+        rows += query_times(f"{n:,} runs (cloned)", args.out / "store-clone", first_run="run-00001-c1",
+                            same=f"run-{args.runs - len(TEMPLATES):05d}-c1")
     if not args.keep:
         for d in ("templates", "runs", "extra", "store-runs", "store-clone"):
             shutil.rmtree(args.out / d, ignore_errors=True)

@@ -31,7 +31,6 @@ import polars as pl
 from forensics import derived, metrics, registry, schema
 from forensics import runs as runs_mod
 from forensics.errors import StoreError
-from forensics.replay.tables import bind_join, runs_rows
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store, fetch_pl
 from forensics.verdict import RunVerdict, verdict, verdict_frame
@@ -68,13 +67,19 @@ def stored_findings() -> list[registry.Finding]:
 
 def needs(store: Store, runs: list[str] | None = None) -> list[str]:
     """Those of ``runs`` (default: every run of the store) whose derived rows are missing or out of date."""
+    state = derived.state(store)
+    if runs is None and state.version == VERSION and not state.stale and state.analysed:
+        return []  # every commit marks the runs it changes stale, a new run too: none is, so every run is derived
     names = runs_mod.all_runs(store) if runs is None else runs
-    return derived.state(store).needs(names, VERSION)
+    return state.needs(names, VERSION)
 
 
 def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
     """The derived tables of ``runs``, worked out from the store's tables (nothing is read from earlier
     analyses: this is where each finding is computed)."""
+    # the join's modules (numpy) are loaded only when deriving, not by every command that imports this one
+    from forensics.replay.tables import bind_join, runs_rows
+
     with Analysis.open(store, runs, stored=False) as s:
         s.prepare(runs)
         out = {"request_facts": s.query("request_facts", DEFAULTS, runs)}

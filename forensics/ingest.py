@@ -370,6 +370,7 @@ class Ingestor:
         self._inst_keys = pl.DataFrame()
         self._instances_full = pl.DataFrame()
         self.prefetch: Prefetch | None = None  # the small logs classified together (see Prefetch)
+        self._reported = 0  # the files of result.files whose requests the progress has counted
 
     # -------------------------------------------------------------- per file
     def _engine(self) -> Engine:
@@ -379,9 +380,10 @@ class Ingestor:
         """Tell the progress callback: ``requests`` rebuilt so far in the file being read."""
         # a compressed file counts its decompressed bytes while it is read: never past the whole job's size
         self.at.bytes_done = max(self.at.bytes_done, min(bytes_done, self.at.bytes_total or bytes_done))
-        if file_done:
+        if file_done:  # the requests of the files reported since the last file: not a sum over every file each time
             self.at.files_done += 1
-            self.at.requests = sum(f.requests or 0 for f in self.result.files)
+            self.at.requests += sum(f.requests or 0 for f in self.result.files[self._reported:])
+            self._reported = len(self.result.files)
         if self.progress:
             self.progress(replace(self.at, requests=self.at.requests + (0 if file_done else requests)))
 
@@ -389,18 +391,20 @@ class Ingestor:
         run = run_of(path, self.run, root)
         fid = file_id_of(path)
         stat = path.stat()
-        head = read_head(path, 4096)
-        now = FileState.found(path, fid, run, stat, hashlib.sha256(head).hexdigest())
         prev = FileState.from_json(self.files_meta[fid]) if fid in self.files_meta else None
-        compression = now.compression
-        if prev is not None and prev.head_sha256 == now.head_sha256 and stat.st_size == prev.size_bytes \
-                and stat.st_mtime == prev.mtime and prev.run == run and prev.tz == self.tz \
+        # as the last ingest left it (size and modification time to the nanosecond, its run, read the same way):
+        # unchanged, without opening it (a store of thousands of run folders is re-ingested in a second)
+        if prev is not None and stat.st_size == prev.size_bytes and stat.st_mtime == prev.mtime \
+                and prev.run == run and prev.tz == self.tz \
                 and (self.forced is None or prev.format == self.forced.name) \
                 and (self.mapping is None or not str(prev.format).startswith("records")):
             self.result.files.append(FileReport(str(path), str(prev.format), "unchanged"))
             done_bytes[0] += stat.st_size
             self._requeue_records(path, prev, run)
             return
+        head = read_head(path, 4096)
+        now = FileState.found(path, fid, run, stat, hashlib.sha256(head).hexdigest())
+        compression = now.compression
         fmt_name = self.forced.name if self.forced else None
         if fmt_name is None and self._records_kind(path, run, named=root is None):
             return
@@ -904,6 +908,7 @@ class LogParse:
         return out.height
 
 
+PACK_FROM = 64  # an ingest of at least this many files (a join of as many runs) writes its small parts as packs
 SMALL_LOG = 256 * 1024  # a new log at most this big is classified together with the other small ones
 PREFETCH_BYTES = 16 << 20  # small logs classified in one pass
 
@@ -935,8 +940,8 @@ class Prefetch:
             size = path.stat().st_size
         except OSError:
             return False
-        return (0 < size <= SMALL_LOG and compression_of(path) is None
-                and file_id_of(path) not in self.ing.files_meta and not _may_hold_records(path))
+        return (0 < size <= SMALL_LOG and file_id_of(path) not in self.ing.files_meta
+                and compression_of(path) is None and not _may_hold_records(path))
 
     def take(self, path: Path) -> Prefetched | None:
         at = self.position.get(path)
@@ -1041,6 +1046,8 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         ing = Ingestor(store, replace(options, mapping=mapping), progress)
         ing.loaded_mapping = loaded
         files = _skip_duplicates(ing, files)
+        # a folder of many run folders: their small parts go straight into packs (``forensics.packing``)
+        ing.txn.pack_small = len(files) >= PACK_FROM
         if hidden:
             ing.result.warnings.append(f"skipped {len(hidden)} hidden file{'s' if len(hidden) > 1 else ''} "
                                        f"(e.g. {hidden[0]}); name a file to read it")
@@ -1062,7 +1069,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         touched = _join_touched(ing.txn)
         if touched:  # the runs whose join inputs changed: the join after this commit redoes theirs
             ing.txn.meta_updates["join_pending"] = _pending(store.meta("join_pending"), touched)
-        if changed or ing.txn.staged or ing.txn.removes or ing.txn.meta_updates or \
+        if changed or ing.txn.staged or any(ing.txn.adds.values()) or ing.txn.removes or ing.txn.meta_updates or \
                 ing.files_meta != (store.meta("files", {}) or {}):
             ing.txn.meta_updates["files"] = ing.files_meta
             ing.txn.commit()
@@ -1278,6 +1285,7 @@ def _join_runs(store: Store, touched: set[str] | None) -> list[str]:
 
     runs = scope.store_runs(store) if touched is None else scope.component(store, touched)
     txn = store.transaction()
+    txn.pack_small = len(runs) >= PACK_FROM
     txn.meta_updates.update(join_pending=None, join_stored=True, join_version=scope.JOIN_VERSION)
     old_matches = [p for p in store.parts("matches") if run_of_part(p) in runs]
     if not old_matches and not any(run_of_part(p) in runs for p in store.parts("attempts")):

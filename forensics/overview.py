@@ -27,8 +27,9 @@ def summary(store: Store) -> dict[str, pl.DataFrame]:
     """files (per run), instances (named) and requests per run (``request_facts``, as stored, else worked out), with the
     failed finding's count of each run."""
     names = runs_mod.all_runs(store)
+    source = "request_facts" if not derived.state(store).needs(names, VERSION) and names else "fx_requests"
     with Analysis.open(store, names) as s:
-        s.prepare(names)
+        s.prepare(names, requests=source == "fx_requests")  # the stored facts need no base table (nor its scoring)
         s.bind(["files"])
         files = fetch_pl(s.con, "SELECT run, count(*) AS files, string_agg(DISTINCT format, ',' ORDER BY format) "
                                 "AS formats, sum(lines_total) AS lines_total, sum(lines_parsed) AS lines_parsed, "
@@ -36,7 +37,6 @@ def summary(store: Store) -> dict[str, pl.DataFrame]:
                                 "FROM files GROUP BY run ORDER BY run")
         inst = fetch_pl(s.con, "SELECT run, instance, build, model, n_slots, n_ctx_slot, host, port, time_basis, "
                                "requests FROM fx_instances ORDER BY run, instance")
-        source = "request_facts" if not derived.state(store).needs(names, VERSION) and names else "fx_requests"
         if source == "request_facts":
             s.bind(["request_facts"])
         reqs = fetch_pl(s.con, REQUESTS_SQL.format(source=source))

@@ -39,7 +39,12 @@ def resolved(path: Path) -> Path:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _resolved(cwd: str, path: str) -> Path:
-    return (Path(cwd) / path).resolve()
+    full = Path(cwd) / path
+    if full.name in ("", ".", "..") or full.parent == full:
+        return full.resolve()
+    # the folder resolved once for all its files (a system call per folder of the path), then the file itself
+    inside = _resolved(cwd, str(full.parent)) / full.name
+    return inside.resolve() if inside.is_symlink() else inside
 
 
 def default_store_path() -> Path:

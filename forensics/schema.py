@@ -457,8 +457,13 @@ def empty(table: str) -> pl.DataFrame:
 
 def conform(df: pl.DataFrame, table: str) -> pl.DataFrame:
     """Give ``df`` exactly the table's columns, in order, with their types (missing ones null)."""
+    declared = TABLES[table]
+    have = df.schema
+    if len(have) >= len(declared) and (table == "events" or len(have) == len(declared)) and all(
+            name == c.name and dtype == c.dtype for (name, dtype), c in zip(have.items(), declared, strict=False)):
+        return df  # already the table's columns, in order, with their types
     cols = []
-    for c in TABLES[table]:
+    for c in declared:
         if c.name in df.columns:
             cols.append(pl.col(c.name).cast(c.dtype))
         else:

@@ -338,8 +338,9 @@ class StoredRows:
 
 
 def read_derived(store: Store, table: str, runs: list[str] | None) -> pl.DataFrame:
-    """A derived table's rows of ``runs`` (None: every run), in the order they were stored (by run)."""
-    con = store.connect(tables=[table])
+    """A derived table's rows of ``runs`` (None: every run), in the order they were stored (by run).  Read in this
+    process whatever the store's engine: the analysis's tables are small, and reading them computes nothing."""
+    con = store.connect(tables=[table], local=True)
     try:
         if runs is None:
             return fetch_pl(con, f"SELECT * FROM {table}")

@@ -126,7 +126,18 @@ class SparkEngine:
 
     def __init__(self, master: str | None = None, *, partitions: int | None = None,
                  conf: Mapping[str, str] | None = None) -> None:
-        self.spark = session(master, partitions=partitions, conf=conf)
+        check_runtime()  # a missing or old Java is said at once; the JVM starts when a query first needs it
+        self._args = (master, partitions, conf)
+        self._spark: Any = None
+
+    @property
+    def spark(self) -> Any:
+        """The session, started on first use: a command that only reads the stored analysis (``read_derived``)
+        never waits for a JVM."""
+        if self._spark is None:
+            master, partitions, conf = self._args
+            self._spark = session(master, partitions=partitions, conf=conf)
+        return self._spark
 
     def connect(self, store: Store, *, tables: list[str] | None = None, existing_only: bool = False) -> SparkConnection:
         con = SparkConnection(self.spark.newSession())  # its own temporary views: connections never collide

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics import schema
+from forensics import packing, schema
 from forensics.errors import NotFoundError, StoreError
 from forensics.lazy import lazy_import
 from forensics.paths import DEFAULT_STORE as DEFAULT_STORE  # re-exported: the store's public names
@@ -91,8 +91,14 @@ def _step(name: str) -> None:
 def run_of_part(rel: str) -> str | None:
     """The run a part belongs to, from its path's ``run=`` folder (``escape_partition`` undone); None for a
     path without one."""
-    seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
-    return None if seg is None else urllib.parse.unquote(seg[len("run="):], errors="strict")
+    segs = rel.split("/", 2)
+    if len(segs) > 1 and segs[1].startswith("run="):  # <table>/run=<run>/...: every part the store writes
+        seg: str | None = segs[1]
+    else:
+        seg = next((s for s in rel.split("/") if s.startswith("run=")), None)
+    if seg is None:
+        return None
+    return seg[4:] if "%" not in seg else urllib.parse.unquote(seg[4:], errors="strict")
 
 
 def sql_string(value: str) -> str:
@@ -138,37 +144,65 @@ class Transaction:
     freed: set[str] = field(default_factory=set)  # own files of parts the new packs hold: deleted after
     # edits of the new manifest made at commit (forensics.derived): each returns the files it leaves unused
     edits: list[Callable[[dict[str, Any]], set[str]]] = field(default_factory=list)
+    pack_small: bool = False  # small parts go into packs (a bulk ingest: ``forensics.packing``)
+    _buffer: packing.PartBuffer = field(default_factory=packing.PartBuffer)
     _counter: int = 0
     _writer: ThreadPoolExecutor | None = None
     _pending: list[Future] = field(default_factory=list)
 
     def write(self, table: str, df: pl.DataFrame, *, run: str, name: str) -> None:
-        """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``."""
+        """Stage ``df`` (already conformed; must not contain ``run``) as a new part of ``table``: its own file, or
+        (``pack_small``) rows of a pack written when enough wait (``forensics.packing``)."""
         if df.height == 0:
             return
         if "run" in df.columns:
             df = df.drop("run")
         self._counter += 1
         rel = f"{table}/run={escape_partition(run)}/{name}-{self.txn_id}-{self._counter:05d}.parquet"
+        self.adds.setdefault(table, []).append(rel)
+        if self.pack_small and table in schema.TABLES and df.height <= packing.PART_ROWS:
+            if self._buffer.add(table, rel, run, df):
+                self._write_pack(table)
+            return
         tmp = f"{rel}.tmp-{self.txn_id}"
         path = self.store.root / tmp
         path.parent.mkdir(parents=True, exist_ok=True)
         self.staged.append((tmp, rel))
-        self.adds.setdefault(table, []).append(rel)
-        # Parquet encoding runs on a writer thread (it releases the GIL) so parsing goes on meanwhile;
-        # at most a few parts wait in memory, and commit() waits for all of them.
+        # events are most of what an ingest writes: LZ4 costs a quarter less CPU than zstd for them
+        level: dict[str, Any] = {} if table == "events" else {"compression_level": 1}
+        self._submit(df.write_parquet, path, compression="lz4" if table == "events" else "zstd", **level,
+                     statistics=table != "events")
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Parquet encoding runs on a writer thread (it releases the GIL) so parsing goes on meanwhile; at most a
+        few parts wait in memory, and commit() waits for all of them."""
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1)
         while len(self._pending) >= 3:
             self._pending.pop(0).result()
-        # events are most of what an ingest writes: LZ4 costs a quarter less CPU than zstd for them
-        level: dict[str, Any] = {} if table == "events" else {"compression_level": 1}
-        self._pending.append(self._writer.submit(
-            df.write_parquet, path, compression="lz4" if table == "events" else "zstd", **level,
-            statistics=table != "events"))
+        self._pending.append(self._writer.submit(fn, *args, **kwargs))
+
+    def _write_pack(self, table: str) -> None:
+        """Write the table's waiting small parts as one pack of this commit."""
+        rows, parts = self._buffer.take(table)
+        self._counter += 1
+        final = f"{table}/{PACKS_DIR}/pack-{self.txn_id}-{self._counter:05d}.parquet"
+        tmp = f"{final}.tmp-{self.txn_id}"
+        path = self.store.root / tmp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.staged.append((tmp, final))
+        self.packs_add.setdefault(table, []).append({"path": final, "parts": parts})
+        self._submit(rows.write_parquet, path, compression="zstd", compression_level=1, statistics=True,
+                     row_group_size=100_000)
 
     def flush(self) -> None:
-        """Wait until every staged part is on disk (raises the first write error)."""
+        """Write the waiting small parts, then wait until every staged file is on disk (raises the first write
+        error)."""
+        for table in self._buffer.tables():
+            self._write_pack(table)
+        self._wait()
+
+    def _wait(self) -> None:
         while self._pending:
             self._pending.pop(0).result()
         if self._writer is not None:
@@ -185,13 +219,17 @@ class Transaction:
 
     def rollback_to(self, point: tuple[int, dict[str, int], dict[str, set[str]]]) -> None:
         """Forget everything staged since ``point`` and delete the parts it wrote."""
-        self.flush()
         n_staged, n_adds, removes = point
-        for tmp, _ in self.staged[n_staged:]:
-            (self.store.root / tmp).unlink(missing_ok=True)
-        del self.staged[n_staged:]
         for table in list(self.adds):
             del self.adds[table][n_adds.get(table, 0):]
+        self._buffer.keep_only(self.adds)
+        self._wait()
+        # a pack written since holds earlier parts too: it stays, the undone parts' rows in it are dead
+        packs = {pk["path"] for entries in self.packs_add.values() for pk in entries}
+        for tmp, final in self.staged[n_staged:]:
+            if final not in packs:
+                (self.store.root / tmp).unlink(missing_ok=True)
+        self.staged[n_staged:] = [s for s in self.staged[n_staged:] if s[1] in packs]
         self.removes = {t: set(v) for t, v in removes.items()}
 
     def commit(self) -> None:
@@ -486,14 +524,17 @@ class Store:
         return notes
 
     # ------------------------------------------------------------------ reading
-    def connect(self, *, tables: list[str] | None = None, existing_only: bool = False) -> duckdb.DuckDBPyConnection:
+    def connect(self, *, tables: list[str] | None = None, existing_only: bool = False,
+                local: bool = False) -> duckdb.DuckDBPyConnection:
         """A connection with one view per table (same names as the tables): an in-memory DuckDB connection, or
         the ``engine``'s (``forensics.spark``) when one is set.  Either way it is the seam the analysis runs
-        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.
+        on: ``execute``, ``sql`` (for ``fetch_pl``), ``register``, ``unregister`` and ``close``.  ``local``:
+        DuckDB in this process whatever the engine (stored rows read back, nothing computed: a Spark job per
+        small file would cost seconds each).
 
         A part listed in the manifest but missing on disk raises StoreError, unless ``existing_only``.
         """
-        if self.engine is not None:
+        if self.engine is not None and not local:
             return self.engine.connect(self, tables=tables, existing_only=existing_only)
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
@@ -538,8 +579,8 @@ class Store:
         return self._source(own, packs) if own or packs else None
 
     def _create_view(self, con: duckdb.DuckDBPyConnection, table: str, existing_only: bool = False) -> None:
-        if self.engine is not None:  # the engine's connection binds its own views
-            con.bind(self, table, existing_only)  # type: ignore[attr-defined]
+        if self.engine is not None and not isinstance(con, duckdb.DuckDBPyConnection):  # the engine's binds its own
+            con.bind(self, table, existing_only)
             return
         source = self.view_source(table, existing_only)
         if source is None and table not in schema.TABLES:
@@ -606,17 +647,15 @@ class Store:
     def _run_names(self, tables: list[str]) -> list[str] | None:
         names: set[str] = set()
         for table in tables:
-            packed = self.packed(table)
-            for rel in self.parts(table):
-                if not (self.root / self.file_of(table, rel, packed)).exists():
-                    raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
-                                     hint="run `forensics check` to see how to repair the store")
-                run = run_of_part(rel)
-                if run is None:
-                    return None
-                names.add(run)
+            got = self._table_runs(table)
+            if got is None:
+                return None
+            names |= got
         if not names:
             return []
+        plain = self._names_cache.setdefault(("\x00plain",), [])  # names already found to read as text
+        if plain is not None and names <= set(plain):
+            return sorted(names)
         con = duckdb.connect(":memory:")
         try:
             row = con.execute(
@@ -629,7 +668,34 @@ class Store:
             con.close()
         if row is None or row[0]:
             return None
+        if plain is not None:
+            plain.extend(names - set(plain))
         return sorted(names)
+
+    def _table_runs(self, table: str) -> set[str] | None:
+        """The runs with parts in ``table``, read once per manifest (a command asks for several sets of tables);
+        None when a part's path has no run."""
+        key = ("\x00table", table)
+        if key not in self._names_cache:
+            names: set[str] = set()
+            packed = self.packed(table)
+            there: set[str] = set()  # the files seen on disk (a pack holds thousands of parts: looked at once)
+            for rel in self.parts(table):
+                file = self.file_of(table, rel, packed)
+                if file not in there:
+                    if not (self.root / file).exists():
+                        raise StoreError(f"{self.root / rel} is listed in the store's manifest but missing",
+                                         hint="run `forensics check` to see how to repair the store")
+                    there.add(file)
+                run = run_of_part(rel)
+                if run is None:
+                    self._names_cache[key] = None
+                    break
+                names.add(run)
+            else:
+                self._names_cache[key] = sorted(names)
+        got = self._names_cache[key]
+        return None if got is None else set(got)
 
     def table(self, name: str) -> pl.DataFrame:
         """A whole table as a polars DataFrame (columns in contract order)."""

@@ -397,6 +397,7 @@ def _cache_path(dirs: tuple[Path, ...] = ()) -> Path | None:
     if folder is None:
         return None
     h = hashlib.sha256(_engine_versions().encode())
+    h.update(str(FORMATS_DIR).encode() + b"\0")  # each format keeps its file's path: one cache per install
     h.update(Path(__file__).read_bytes())
     for path in sorted(SCHEMAS_DIR.glob("*.json")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())

@@ -19,12 +19,12 @@ an earlier attempt" is found as the fixed point of a table-wide step (see ``_ass
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import polars as pl
 
 from forensics import schema
+from forensics.lazy import lazy_import
 from forensics.replay import scope
 from forensics.replay.placement import (
     KEY,
@@ -36,6 +36,11 @@ from forensics.replay.placement import (
     secs_expr,
     to_datetime,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # loaded when a join runs: the commands that import the replay package do not pay for it
+    np = lazy_import("numpy")
 
 AMBIGUOUS_S = 0.5  # two candidates whose starts are this close to the send time cannot be told apart
 NO_END_S = 86400.0  # an attempt without an end time may be served up to a day after its send

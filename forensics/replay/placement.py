@@ -22,12 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import numpy as np
 import polars as pl
 
 from forensics import schema
+from forensics.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # loaded when a join runs: the commands that import the replay package do not pay for it
+    np = lazy_import("numpy")
 
 CLOCKS = ("log", "anchored", "aligned", "attempt", "order")
 TOLERANCE_S = 1.0  # slack around the attempt's window for request starts (absolute time)
