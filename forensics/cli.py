@@ -33,7 +33,7 @@ FORMATS_ENV = "FORENSICS_FORMATS"  # parsers.spec.FORMATS_ENV: the parsers load 
 
 # Modules under forensics/commands that add commands: each has ``register(cli: click.Group)``.
 COMMAND_MODULES = ("core", "verdict", "replay", "findings", "throughput", "compare", "generate", "check", "compact",
-                   "demo", "watch", "mapping", "export", "planning", "incidents")
+                   "demo", "watch", "mapping", "export", "planning", "incidents", "mcp")
 
 
 class ForensicsGroup(click.Group):

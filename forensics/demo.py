@@ -20,6 +20,7 @@ from forensics.generate import demo_scenarios, generate
 from forensics.ingest import IngestOptions
 from forensics.overview import summary
 from forensics.runs import all_runs
+from forensics.sql import run_sql
 from forensics.store import Store
 from forensics.verdict import verdict
 
@@ -30,6 +31,22 @@ class DemoResult:
     sections: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     verdict: list[str] = field(default_factory=list)  # one paragraph per run
+    real: RealRun | None = None  # the real capture, shown first
+
+
+@dataclass
+class RealRun:
+    """A real llama-server run folder the project ships (``fixtures/server-runs``), ingested into a store of its own
+    beside the demo's: what a real dead slot looks like, before the generated scenario."""
+
+    name: str
+    store: Path
+    verdict: list[str]
+    dead_slots: pl.DataFrame
+
+
+# A real run: llama.cpp b11312 on CPU, slot 2 went bad from UNH/analyze and stayed bad (its README's truth).
+REAL_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "server-runs" / "b11312-deadslot"
 
 
 MARKER = ".forensics-demo"  # written into the folder a demo makes: only such a folder is ever replaced
@@ -68,10 +85,28 @@ def build_demo_store(out: Path, *, seed: int = 7, echo: Callable[[str], None] = 
     return Store(store_dir)
 
 
+def add_real_run(out: Path, *, source: Path = REAL_RUN, echo: Callable[[str], None] = print) -> RealRun | None:
+    """The real run folder ``source`` copied to ``out/real/<name>`` and ingested into ``out/real-store``: its verdict
+    and dead slots.  None (saying why) when the folder is not there: it ships with the source, not the wheel."""
+    if not (source / "main.log").is_file():
+        echo(f"demo: no real run at {source} (it ships with the source tree, in fixtures/): generated data only")
+        return None
+    folder = out / "real" / source.name
+    shutil.copytree(source, folder)
+    store_dir = out / "real-store"
+    ingest_and_analyse(store_dir, [folder], IngestOptions(keep_going=True))
+    store = Store(store_dir)
+    build, slots, requests = run_sql(store, "SELECT max(r.build), sum(i.n_slots), sum(i.requests) FROM instance_facts i "
+                                            "JOIN run_facts r USING (run)").row(0)
+    echo(f"demo: ingested a real llama-server run ({source.name}: llama.cpp b{build}, {slots} slots, {requests} "
+         f"requests) into {store_dir}")
+    return RealRun(source.name, store_dir, [v.paragraph() for v in verdict(store)], findings.find_dead_slots(store))
+
+
 def run_demo(out: Path, *, seed: int = 7, echo: Callable[[str], None] = print) -> DemoResult:
     store = build_demo_store(out, seed=seed, echo=echo)
     store_dir = out / "store"
-    result = DemoResult(store_dir)
+    result = DemoResult(store_dir, real=add_real_run(out, echo=echo))
     result.verdict = [v.paragraph() for v in verdict(store)]
     result.sections.append(("requests per run", summary(store)["requests"]))
     result.sections.append(("dead slots", findings.find_dead_slots(store)))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forensics import sentences as S
+from forensics.cache_words import prompt_cache as prompt_cache_sentence
 from forensics.errors import NotFoundError
 from forensics.lazy import lazy_import
 from forensics.timefmt import wall_expr
@@ -339,6 +340,12 @@ register(Finding(
         ("forensics errors run-42", "errors and warnings of run-42 grouped by message shape"),
         ("forensics errors --fail-on any", "exit 1 on any error or crash (warnings do not count)")),
     doc="forensics-errors-run"))
+register(Finding(
+    "prompt_cache", "Prompt cache", "How much of each prompt the slots' cache served, per run and server instance: "
+    "cold starts, requests that reused less than their stage usually does (after a context shift, a slot switch, or "
+    "not reused at all), the prompt tokens and time spent computing again what the cache held, and the flag or "
+    "request field to change.", query="prompt_cache", tables=("requests",), sentence=prompt_cache_sentence,
+    options=("cache_waste",), counted=lambda df: df.filter(pl.col("costly")), drop_empty=(), doc="prompt-cache"))
 
 
 def serious_errors(groups: pl.DataFrame) -> pl.DataFrame:

@@ -71,7 +71,7 @@ class MemoryCache:
 # The relations the session builds before a finding's query runs (see findings_base.sql).
 EVENT_FIELDS = {"slot": "BIGINT", "task": "BIGINT", "error": "VARCHAR", "msg": "VARCHAR", "status": "BIGINT",
                 "method": "VARCHAR", "n_ctx_train": "BIGINT", "role": "VARCHAR", "level": "VARCHAR",
-                "http_path": "VARCHAR"}
+                "http_path": "VARCHAR", "sim_lcp": "BIGINT"}
 MATCH_COLUMNS = {"run": "VARCHAR", "item": "VARCHAR", "stage": "VARCHAR", "attempt": "BIGINT",
                  "instance": "VARCHAR", "slot": "BIGINT", "task": "BIGINT"}
 REQUEST_KEYS = {"run": pl.String, "instance": pl.String, "slot": pl.Int64, "task": pl.Int64}

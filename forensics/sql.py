@@ -16,6 +16,8 @@ from forensics.errors import QueryError
 if TYPE_CHECKING:
     import polars as pl
 
+    from forensics.readonly import Guarded, SqlLimits
+
 QUERIES_DIR = Path(__file__).resolve().parent / "queries"
 
 
@@ -51,16 +53,25 @@ def load_query(name: str, directory: Path | None = None) -> Query:
     return Query(name, text, "\n".join(header).strip())
 
 
-def run_sql(store: Any, query: str) -> pl.DataFrame:
+def run_sql(store: Any, query: str, limits: SqlLimits | None = None) -> pl.DataFrame:
     """A user's SQL ``query`` over every table of ``store``, as a polars DataFrame; a DuckDB error is a
-    QueryError with its first line."""
+    QueryError with its first line.  With ``limits`` (``forensics mcp``): one SELECT only, no file outside the
+    store, at most ``limits.max_rows`` rows and ``limits.timeout_s`` seconds (``forensics.readonly.guarded``)."""
+    return run_sql_limited(store, query, limits).rows
+
+
+def run_sql_limited(store: Any, query: str, limits: SqlLimits | None = None) -> Guarded:
+    """``run_sql``, saying too whether ``limits.max_rows`` cut the rows."""
     import duckdb
 
+    from forensics.readonly import Guarded, guarded, store_roots
     from forensics.store import fetch_pl, view_names
 
     con = store.connect()
     try:
-        return fetch_pl(con, query)
+        if limits is None:
+            return Guarded(fetch_pl(con, query), False)
+        return guarded(con, query, store_roots(store), limits)
     except duckdb.Error as exc:
         raise QueryError(str(exc).splitlines()[0],
                          hint="check the SQL; tables: " + ", ".join(sorted(view_names(con)))) from exc

@@ -37,6 +37,8 @@ class Thresholds:
     include_recovered: bool = _knob(False, "Also list slots that served normally again at the end (recovered = true)")
     margin: float = _knob(0.2, "Headroom above the longest normal response before rounding up")
     stall_lines: int = _knob(20, "KV-cache stall: at least this many 'no free space' lines in one instance")
+    cache_waste: float = _knob(0.05, "Prompt cache: told when the prompt tokens computed again that the slot's cache "
+                                     "could have served are at least this share of the instance's prompt tokens")
 
     def __post_init__(self) -> None:
         if not 0 < self.quantile <= 1:
@@ -47,6 +49,8 @@ class Thresholds:
         for name in ("min_tokens", "min_group", "ctx_slack", "few_tokens", "stall_lines"):
             if getattr(self, name) < 0:
                 raise QueryError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0 <= self.cache_waste <= 1:
+            raise QueryError(f"cache_waste {self.cache_waste} is not in [0, 1]", hint="pass e.g. --cache-waste 0.05")
         if self.margin < 0:
             raise QueryError(f"margin must not be negative, got {self.margin}", hint="pass e.g. --margin 0.2")
 
