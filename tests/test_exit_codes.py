@@ -88,7 +88,7 @@ def test_an_unexpected_error_is_one_line_and_exit_3(store: Path, monkeypatch: py
 COMMANDS = [["summary"], ["sql"], ["runs"], ["missing"], ["deadslots"], ["runaways"], ["cap"], ["errors"], ["incidents"],
             ["throughput"], ["smoke"], ["chart"], ["report"], ["check"], ["ingest"], ["generate"], ["verdict"],
             ["compare"], ["compact"], ["watch"], ["demo"], ["whatif"], ["recommend"], ["export", "otel"],
-            ["mapping", "init"], ["mcp"], ["incidents"]]
+            ["mapping", "init"], ["mcp"]]
 
 
 def test_the_commands_tried_are_every_command() -> None:
