@@ -19,7 +19,7 @@ def test_demo_shows_a_real_dead_slot_first(demo: tuple[Path, Any]) -> None:
     lines = head.splitlines()
     assert lines[0] == f"# a real run: b11312-deadslot (its store: {out / 'real-store'})"
     assert lines[1].startswith("b11312-deadslot: Slot 2 of `main` died at 01:00:49 on UNH/analyze and never "
-                               "recovered: 8 requests ran away (255–328 tokens vs 64–79 normal), 4 items lost (UNH, "
+                               "recovered: 8 requests ran to the context (255–328 tokens vs 64–79 normal), 4 items lost (UNH, "
                                "PG, ABBV, ADBE).")
     assert lines[3] == "# b11312-deadslot: dead slots"
     assert lines[6].split()[:3] == ["b11312-deadslot", "main", "2"] and len(lines) == 8

@@ -70,7 +70,7 @@ def test_a_good_file_loads(tmp_path: Path) -> None:
      + ", ".join(sorted(spec.ROLES)) + ")"),
     (GOOD + "frame = 'json'\n", "FILE: kind 'fork_line' has unknown frame 'json' (use one of record, text)"),
     (GOOD + "multline = true\n", "FILE: kind 'fork_line' has unknown key 'multline' (keys: anywhere, bare, boundary, "
-     "ends, exclude, fallback, frame, inherit, inherit_next, keys, loose, multiline, name, prefilter, regex, role, "
+     "ends, evidence, exclude, fallback, frame, inherit, inherit_next, keys, loose, multiline, name, prefilter, regex, role, "
      "samples, skip, startup, weak)"),
     (GOOD + "skip = 'yes'\n", "FILE: kind 'fork_line' skip must be true or false, not 'yes'"),
     (GOOD + "[[kind]]\nname = 'second'\nregex = '^y$'\nsamples = 'y'\n",
