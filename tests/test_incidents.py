@@ -133,8 +133,8 @@ def test_the_cli_lists_and_gates(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- real runs
-REAL = ["b11434-deadslot", "b4579-nots-deadslot", "b4579-deadslot-fullprompt", "b4579-nots-runaway",
-        "b11434-crash-failover"]
+REAL = ["b11434-deadslot", "b11434-deadslot-fullprompt", "b4579-nots-deadslot", "b4579-deadslot-fullprompt",
+        "b4579-nots-runaway", "b11434-crash-failover"]
 
 
 @pytest.fixture(scope="module")
