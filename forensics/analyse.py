@@ -7,6 +7,7 @@ of ``forensics.derived``:
   instance name, its item and stage, its tokens, its cap and what stopped it;
 * ``instance_facts``: each server instance, the one name every output gives it;
 * ``finding_<name>``: every finding's rows (the registry's findings, at the default thresholds);
+* ``cap_facts``: ``cap.sql``'s requests grouped alike (what ``forensics cap`` chooses a cap from);
 * ``verdict_facts``: the verdict's sentences with their evidence and numbers;
 * ``run_facts``: one row per run: its requests and slots, its throughput and latency (``metrics.throughput``).
 
@@ -31,6 +32,7 @@ import polars as pl
 from forensics import derived, metrics, registry, schema
 from forensics import runs as runs_mod
 from forensics.errors import StoreError
+from forensics.findings import cap_facts
 from forensics.session import DEFAULTS, VERSION, Analysis
 from forensics.store import MANIFEST, Store, fetch_pl
 from forensics.verdict import RunVerdict, verdict, verdict_frame
@@ -85,6 +87,8 @@ def frames_of(store: Store, runs: list[str]) -> dict[str, pl.DataFrame]:
         out = {"request_facts": s.query("request_facts", DEFAULTS, runs)}
         for f in registry.in_dependency_order(stored_findings()):
             out[finding_table(f.name)] = s.rows(f.name, DEFAULTS, runs)
+        s.register("fx_runaway", out[finding_table("runaway")])
+        out["cap_facts"] = cap_facts(s.query("cap", DEFAULTS, runs))
         out["instance_facts"] = fetch_pl(s.con, "SELECT * FROM fx_instances ORDER BY run, instance")
         bind_join(s.con, store)
         out["run_records"] = runs_rows(s.con, runs)

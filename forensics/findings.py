@@ -11,7 +11,7 @@ Library only: no click, no altair.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeAlias, cast
 
 import polars as pl
@@ -20,7 +20,7 @@ from forensics import registry
 from forensics.registry import CAPS_SCHEMA, cap_step, round_cap, serious_errors  # noqa: F401  (public names)
 from forensics.session import DEFAULTS, Analysis, Thresholds, analysis, thresholds
 from forensics.shapes import MASKS, mask_series, mask_shape  # noqa: F401
-from forensics.store import Store
+from forensics.store import Store, fetch_pl
 from forensics.timefmt import wall_expr
 
 Source: TypeAlias = "Store | Analysis"
@@ -145,19 +145,39 @@ def cut_by_cap(cap: int) -> pl.Expr:
     return own & ((pl.col("normal") & (pl.col("gen_tokens") >= cap)) | (pl.col("runaway") & (pl.col("gen_tokens") > cap)))
 
 
+CAP_KEYS = ("run", "stage", "gen_tokens", "own_cap", "normal", "runaway", "prompt_tokens", "ctx_slot")
+
+
+def cap_facts(df: pl.DataFrame) -> pl.DataFrame:
+    """cap.sql's rows grouped alike (the derived ``cap_facts``): ``n`` requests each, the sum of their ms per token;
+    a normal response's prompt size kept (the p95 reads them), the others' dropped.  Everything ``recommend_cap``
+    works out is a sum, a count, a min or max, or a quantile of these, so it reads the groups as it read the rows."""
+    normal = pl.col("normal").fill_null(False)
+    return (df.with_columns(normal.alias("normal"),
+                            pl.when(normal).then(pl.col("prompt_tokens")).alias("prompt_tokens"))
+            .group_by(CAP_KEYS).agg(pl.len().cast(pl.Int64).alias("n"),
+                                    pl.col("ms_per_token").fill_null(0.0).sum().alias("ms_per_token"))
+            .sort(CAP_KEYS, nulls_last=True))
+
+
+def _n(df: pl.DataFrame) -> int:
+    return int(df["n"].sum())
+
+
 def _whatif(df: pl.DataFrame, caps: list[int], rec: int, stage: str | None) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     gen = df["gen_tokens"].cast(pl.Float64)
+    runaways = _n(df.filter(pl.col("runaway")))
     for c in caps:
         over = (gen - c).clip(lower_bound=0)
         cut = df.filter(cut_by_cap(c))
         out.append({
             "stage": stage, "cap": c, "recommended": c == rec,
-            "normal_cut": int(cut["normal"].sum()),
-            "runaways_stopped": int(cut["runaway"].sum()),
-            "runaways": int(df["runaway"].sum()),
-            "tokens_saved": int(over.sum()),
-            "seconds_saved": round(float((over * df["ms_per_token"].fill_null(0.0)).sum()) / 1000.0, 1),
+            "normal_cut": _n(cut.filter(pl.col("normal"))),
+            "runaways_stopped": _n(cut.filter(pl.col("runaway"))),
+            "runaways": runaways,
+            "tokens_saved": int((over * df["n"]).sum()),
+            "seconds_saved": round(float((over * df["ms_per_token"]).sum()) / 1000.0, 1),
         })
     return out
 
@@ -179,11 +199,22 @@ def _per_stage(df: pl.DataFrame, margin: float) -> tuple[list[dict[str, object]]
         part = df.filter(pl.col("stage") == st)
         pn = part.filter(pl.col("normal"))
         scap = round_cap(int(pn["gen_tokens"].max()), margin) if pn.height else None  # type: ignore[arg-type]
-        stage_rows.append({"stage": st, "normal": pn.height, "normal_max": pn["gen_tokens"].max() if pn.height else None,
-                           "runaways": int(part["runaway"].sum()), "cap": scap})
+        stage_rows.append({"stage": st, "normal": _n(pn), "normal_max": pn["gen_tokens"].max() if pn.height else None,
+                           "runaways": _n(part.filter(pl.col("runaway"))), "cap": scap})
         if scap is not None:
             whatif += _whatif(part, _candidates(scap), scap, st)
     return stage_rows, whatif
+
+
+def _cap_groups(s: Analysis, th: Thresholds, names: list[str]) -> pl.DataFrame:
+    """``cap_facts`` of the runs: stored at the default thresholds (the margin only rounds), else worked out."""
+    if (replace(th, margin=DEFAULTS.margin) == DEFAULTS and s.stored is not None
+            and s.stored.has("cap_facts", names)):
+        s.bind(["cap_facts"])
+        return fetch_pl(s.con, "SELECT * FROM cap_facts WHERE run IN (SELECT unnest($runs))", {"runs": names})
+    s.register("fx_runaway", s.rows("runaway", th, names))
+    s.prepare(names)
+    return cap_facts(s.query("cap", th, names))
 
 
 def recommend_cap(source: Source, runs: Runs = None, *, margin: float = 0.2,
@@ -192,10 +223,9 @@ def recommend_cap(source: Source, runs: Runs = None, *, margin: float = 0.2,
     th = thresholds(margin=margin, **overrides)
     with analysis(source, runs) as s:
         names = s.narrowed(runs)
-        s.register("fx_runaway", s.rows("runaway", th, names))
         s.bind(["attempts"])
-        s.prepare(names)
-        df = s.query("cap", th, names)
+        # in one order whatever the engine and the batches: the sums of seconds come out the same each time
+        df = _cap_groups(s, th, names).sort(CAP_KEYS, nulls_last=True)
         no_cap_attempts = s.query("attempts_capped", th, names)["n"][0] == 0
     warnings: list[str] = []
     normal = df.filter(pl.col("normal"))
@@ -215,15 +245,16 @@ def _cap_warnings(df: pl.DataFrame, normal: pl.DataFrame, rec: int, no_cap_attem
     import math
 
     warnings = []
-    runaways = int(df["runaway"].sum())
-    if runaways and df.filter(pl.col("runaway"))["own_cap"].null_count() == runaways and no_cap_attempts:
+    run_df = df.filter(pl.col("runaway"))
+    runaways = _n(run_df)
+    if runaways and _n(run_df.filter(pl.col("own_cap").is_null())) == runaways and no_cap_attempts:
         warnings.append(f"the logs show no output cap (n_predict unset or -1 everywhere) and {runaways} "
                         f"runaway(s): set max_tokens / n_predict to {rec}")
-    biggest = df.filter(pl.col("runaway"))["gen_tokens"]
-    smallest = cast("int | None", biggest.min())  # an Int64 column: None when no runaway
+    smallest = cast("int | None", run_df["gen_tokens"].min())  # an Int64 column: None when no runaway
     if runaways and smallest is not None and rec >= smallest:
         warnings.append(f"cap {rec} does not stop every runaway (the smallest generated {smallest} tokens)")
-    p95 = normal["prompt_tokens"].drop_nulls()
+    # each normal prompt size as many times as requests had it: the quantile of the requests themselves
+    p95 = normal.select(pl.col("prompt_tokens").repeat_by("n").explode()).to_series().drop_nulls()
     ctx = df["ctx_slot"].drop_nulls()
     if p95.len() and ctx.len():
         need = math.ceil(float(p95.quantile(0.95, interpolation="linear"))) + rec  # type: ignore[arg-type]

@@ -76,12 +76,12 @@ def resolve(store: Store | duckdb.DuckDBPyConnection, runs: str | Sequence[str] 
             return Asked(known)
         raise NotFoundError("name a run: the store has " + (f"{len(known)} runs" if known else "no run"),
                             hint=f"runs: {run_list(known)}")
-    asked = Asked([])
+    asked, have = Asked([]), set(known)  # a set: a summary names every one of 10,000 runs
     for name in wanted:
         run = name = _on_its_host(store, name, known)
         if need is not None and isinstance(store, Store):
             run = _checked(store, name, need, command, asked.notes)
-        if run not in known:
+        if run not in have:
             raise NotFoundError(f"no run {name!r} in the store", hint=f"runs: {run_list(known)}")
         asked.runs.append(run)
     asked.runs = list(dict.fromkeys(asked.runs))

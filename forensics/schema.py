@@ -416,6 +416,19 @@ VERDICT_FACTS = [
     Column("fields", STR, "its numbers (JSON)"),
 ]
 
+CAP_FACTS = [
+    Column("run", STR, "run id"),
+    Column("stage", STR, "the requests' stage (null when unknown)"),
+    Column("gen_tokens", I64, "their generated tokens"),
+    Column("own_cap", I64, "the cap in force on them (the log's n_predict, else the harness's; null = none)"),
+    Column("normal", BOOL, "clean and not a runaway"),
+    Column("runaway", BOOL, "a runaway"),
+    Column("prompt_tokens", I64, "their prompt tokens (only normal ones: null for the others)"),
+    Column("ctx_slot", I64, "their slot's context"),
+    Column("n", I64, "requests alike in all the above: what `forensics cap` counts (`cap.sql`, grouped)"),
+    Column("ms_per_token", F64, "the sum of their generation ms per token (null counted as 0)"),
+]
+
 RUN_RECORDS = [
     Column("run", STR, "run id"),
     Column("alias", STR, "the run id its records carried, when they were tied to it"),
@@ -437,6 +450,7 @@ DERIVED: dict[str, list[Column]] = {
     "instance_facts": INSTANCE_FACTS,
     "run_facts": RUN_FACTS,
     "verdict_facts": VERDICT_FACTS,
+    "cap_facts": CAP_FACTS,
 }
 
 

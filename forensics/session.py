@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # The analysis version: bump it whenever a rule, a query or a derived column changes what the store's analysis
 # holds (forensics.analyse), so that a store derived by an older project is derived again on first use.
-VERSION = 18
+VERSION = 19
 
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.findings import scenarios as S
+from forensics import derived, schema
 from forensics import findings as F
-from forensics import schema
+from forensics.analyse import analyse
 from forensics.cli import cli, main
 from forensics.errors import NotFoundError
+from forensics.session import Analysis
 from forensics.store import Store
 
 RUNS = ["dead", "healthy", "one-runaway", "one-token", "overflow", "two-slots"]
@@ -108,6 +111,20 @@ def test_cap_warnings(store: Store) -> None:
     warns = F.recommend_cap(store, "overflow", margin=10).warnings
     assert "a slot's context (4096 tokens) cannot hold a normal prompt (p95 2000 tokens) plus the cap 4096: " \
            "raise -c or lower -np" in warns
+
+
+def test_cap_from_the_stored_groups_is_the_cap_worked_out_afresh(store: Store, tmp_path: Path) -> None:
+    # the analysis stores cap.sql's requests grouped (cap_facts); a session that reads nothing stored groups them anew
+    analysed = Store(shutil.copytree(store.root, tmp_path / "store"))
+    with analysed.lock():
+        analyse(analysed)
+    assert "cap_facts" in derived.state(analysed).tables
+    for runs in [None, *([r] for r in RUNS)]:
+        with Analysis.open(analysed, runs, stored=False) as fresh:
+            want = F.recommend_cap(fresh, runs)
+        got = F.recommend_cap(analysed, runs)
+        assert (got.cap, got.warnings) == (want.cap, want.warnings), runs
+        assert got.per_stage.equals(want.per_stage) and got.whatif.equals(want.whatif), runs
 
 
 def test_round_cap() -> None:
