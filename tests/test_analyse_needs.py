@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forensics import analyse, derived
+import polars as pl
+import pytest
+
+from forensics import analyse, derived, schema
 from forensics.analyse import ingest_and_analyse
 from forensics.ingest import IngestOptions, ingest
+from forensics.session import read_derived
 from forensics.store import MANIFEST, Store
 from tests.test_store_safety import write_log
 
@@ -39,3 +43,24 @@ def test_needs_names_the_runs_a_commit_changed_and_nothing_once_derived(tmp_path
         b["version"] -= 1
     (store_dir / MANIFEST).write_text(json.dumps(manifest))
     assert analyse.needs(Store(store_dir)) == ["a", "b"]
+
+
+def test_an_analysis_in_many_chunks_stores_what_one_chunk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs are derived a chunk at a time (memory stays flat); the stored rows do not depend on the chunks."""
+    logs = []
+    for run in ("a", "b", "c"):
+        write_log(tmp_path / f"{run}.log", 6)
+        logs.append(tmp_path / f"{run}.log")
+    tables = {}
+    for name, per_chunk in (("one", 1_000), ("many", 1)):
+        monkeypatch.setattr(analyse, "CHUNK_RUNS", per_chunk)
+        store_dir = tmp_path / name
+        for log in logs:
+            ingest(store_dir, [log], IngestOptions(run=log.stem))
+        store = Store(store_dir)
+        with store.lock():
+            done = analyse.analyse(store)
+        assert (done.runs, done.batches) == (["a", "b", "c"], 1 if per_chunk > 1 else 3)
+        tables[name] = {t: read_derived(Store(store_dir), t, ["a", "b", "c"]).sort(pl.all()) for t in schema.DERIVED}
+    for t in schema.DERIVED:
+        assert tables["one"][t].equals(tables["many"][t]), t
