@@ -1037,7 +1037,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     real = _real_paths(files, found)
     inside = str(store_path.resolve()).rstrip(os.sep) + os.sep
     files = [(f, r) for f, r in files if not (real[f] + os.sep).startswith(inside)]  # the store itself
-    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)]
+    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)] if options.exclude else []
     files = [(f, r) for f, r in files if f not in left_out]
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
@@ -1162,7 +1162,7 @@ def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]], same: dic
 def _report_unchanged(ing: Ingestor, path: Path, meta: dict[str, Any], run: str, size: int) -> None:
     ing.result.files.append(FileReport(str(path), str(meta.get("format")), "unchanged"))
     if str(meta.get("format")).startswith("records:"):  # read again if another file of its run changed
-        ing._requeue_records(path, FileState.from_json(meta), run)
+        ing._requeue_records(path, FileState(format=meta.get("format"), mapping=meta.get("mapping")), run)
 
 
 def _ingest_one(ing: Ingestor, path: Path, root: Path | None, done: list[int]) -> None:
