@@ -1149,12 +1149,15 @@ def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]], same: dic
     ing.prefetch = Prefetch(ing, [fr for fr in files if fr[0] not in same])
     ing.at = Progress(files_total=len(files), bytes_total=total)
     done = [0]
-    for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
-        ing.tick(done[0])
-        if path in same:
+    for k, ((path, root), upto) in enumerate(zip(files, itertools.accumulate(sizes), strict=True)):
+        if path in same:  # no requests to count: the progress is told once at the end of a stretch of them
             _report_unchanged(ing, path, *same[path])
-        else:
-            _ingest_one(ing, path, root, done)
+            done[0], ing.at.files_done, ing._reported = max(done[0], upto), ing.at.files_done + 1, len(ing.result.files)
+            if k + 1 == len(files) or files[k + 1][0] not in same:
+                ing.tick(done[0])
+            continue
+        ing.tick(done[0])
+        _ingest_one(ing, path, root, done)
         done[0] = max(done[0], upto)  # a file read in part (skipped, failed, cut) is done all the same
         ing.tick(done[0], file_done=True)
 
