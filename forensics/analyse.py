@@ -229,5 +229,8 @@ def _analyse_after(store_dir: Path, result: IngestResult, note: Progress | None)
     if not (store_dir / MANIFEST).exists():
         return
     store = Store(store_dir)
+    if not needs(store) and derived.state(store).version == VERSION:  # as analyse() would find it: nothing to do,
+        result.analysed = Analysed([])  # told from the manifest the ingest just committed, no lock taken again
+        return
     with store.lock():
         result.analysed = analyse(store, progress=note)

@@ -37,7 +37,7 @@ from forensics.errors import (
     UnknownFormatError,
     bug_boundary,
 )
-from forensics.paths import file_id_of, file_stem, resolved
+from forensics.paths import file_id_of, file_stem, resolved, walk_files
 from forensics.store import Store, run_of_part
 from parsers import assemble, reader
 from parsers.engine import Carry, ChunkResult, Engine, check_user_samples
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from forensics.replay.mapping import Mapping
 
 SKIP_NAMES = {".DS_Store"}
+Found = tuple[tuple[str, ...], os.stat_result, bool]  # a file found in a folder: its parts below it, stat, link
 # Found in a folder and not a log or record by content: a run folder's notes, configs, scripts and pictures,
 # passed over (counted, listed under -v) rather than failing the ingest.  Named on the command line, such a
 # file is still an error: the user asked for it.
@@ -224,23 +225,30 @@ def check_path_text(p: Path) -> None:
 def discover(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Path]]:
     """Files under ``paths`` (recursively), each with the root it was found under; and the hidden files
     (dot files) found in folders, which are not read unless named."""
+    files, hidden, _found = discover_stat(paths)
+    return files, hidden
+
+
+def discover_stat(paths: list[Path]) -> tuple[list[tuple[Path, Path | None]], list[Path], dict[Path, Found]]:
+    """``discover``, and for each file found in a folder its parts below the folder and its stat, as the
+    folder's listing gave them (``unchanged_in_bulk`` compares them with the store without a call a file)."""
     out: list[tuple[Path, Path | None]] = []
     hidden: list[Path] = []
+    found: dict[Path, Found] = {}
     for p in paths:
         check_path_text(p)
         if not p.exists():
             raise InputError("no such file or folder", path=str(p), hint="check the path")
         if p.is_dir():
-            for f in sorted(p.rglob("*")):
-                if not f.is_file():
-                    continue
-                if any(part.startswith(".") for part in f.relative_to(p).parts) or f.name in SKIP_NAMES:
+            for f, rel, st, link in walk_files(p):
+                if any(part.startswith(".") for part in rel) or f.name in SKIP_NAMES:
                     hidden.append(f)
                 else:
                     out.append((f, p))
+                    found[f] = (rel, st, link)
         else:
             out.append((p, None))
-    return out, hidden
+    return out, hidden, found
 
 
 HEAD_LINES = 4000
@@ -1025,10 +1033,11 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     say (the defaults: runs from the folders, formats detected, UTC)."""
     options = options or IngestOptions()
     mapping, keep_going = options.mapping, options.keep_going
-    files, hidden = discover(paths)
-    inside = store_path.resolve()
-    files = [(f, r) for f, r in files if not resolved(f).is_relative_to(inside)]  # the store itself
-    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)]
+    files, hidden, found = discover_stat(paths)
+    real = _real_paths(files, found)
+    inside = str(store_path.resolve()).rstrip(os.sep) + os.sep
+    files = [(f, r) for f, r in files if not (real[f] + os.sep).startswith(inside)]  # the store itself
+    left_out = [f for f, r in files if replay_sidefiles().excluded(f, r, options.exclude)] if options.exclude else []
     files = [(f, r) for f, r in files if f not in left_out]
     if not files:
         raise InputError(f"no files to read under {', '.join(str(p) for p in paths)}",
@@ -1045,7 +1054,9 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     with store.lock(on_wait=on_wait):
         ing = Ingestor(store, replace(options, mapping=mapping), progress)
         ing.loaded_mapping = loaded
-        files = _skip_duplicates(ing, files)
+        same = _unchanged_in_bulk(ing, files, found, real)
+        rest = set(_skip_duplicates(ing, [fr for fr in files if fr[0] not in same]) if len(same) < len(files) else [])
+        files = [fr for fr in files if fr[0] in same or fr in rest]
         # a folder of many run folders: their small parts go straight into packs (``forensics.packing``)
         ing.txn.pack_small = len(files) >= PACK_FROM
         if hidden:
@@ -1054,7 +1065,7 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
         if left_out:
             ing.result.warnings.append(f"left out {len(left_out)} file{'s' if len(left_out) > 1 else ''} by --exclude "
                                        f"(e.g. {left_out[0]})")
-        _ingest_each(ing, files)
+        _ingest_each(ing, files, same)
         ing.requeue_unchanged()
         if ing.records or ing.dropped_records:
             wanted, ing.keep_going = ing.keep_going, True  # a bad record file is reported, the others load
@@ -1084,37 +1095,99 @@ def ingest(store_path: Path, paths: list[Path], options: IngestOptions | None = 
     return ing.result
 
 
-def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]]) -> None:
+def _real_paths(files: list[tuple[Path, Path | None]], found: dict[Path, Found]) -> dict[Path, str]:
+    """Each file's resolved path: a file found in a folder (not a link) is the resolved folder joined with its
+    parts below it, without a system call of its own."""
+    roots: dict[Path, str] = {}
+    out: dict[Path, str] = {}
+    for f, root in files:
+        hit = found.get(f)
+        if hit is None or root is None or hit[2]:
+            out[f] = str(resolved(f))
+            continue
+        if root not in roots:
+            roots[root] = str(resolved(root))
+        out[f] = os.path.join(roots[root], *hit[0])
+    return out
+
+
+Unchanged = tuple[dict[str, Any], str, int]  # a file as stored: its stored entry, run, size
+
+
+def _unchanged_in_bulk(ing: Ingestor, files: list[tuple[Path, Path | None]], found: dict[Path, Found],
+                       real: dict[Path, str]) -> dict[Path, Unchanged]:
+    """The files as the last ingest left them (found in a folder with the size, modification time, run and time
+    zone their stored entries record, read the way this ingest would read them) in runs whose every file is:
+    each with its entry, from the folders' listings in one pass, no file opened or stat'ed again.  The other
+    files, and every file of a run with one of them, go the whole way (moved files, duplicates, prefetch, each
+    file's own check)."""
+    out: dict[Path, Unchanged] = {}
+    other: set[str | None] = set()  # runs with a file that is not as stored (None: a file outside a folder)
+    metas, forced = ing.files_meta, ing.forced.name if ing.forced else None
+    for f, root in files:
+        hit = found.get(f)
+        if hit is None or root is None or hit[2]:  # a file named, or a link: its run is worked out on its own
+            other.add(run_of(f, ing.run, root))
+            continue
+        rel, st, _ = hit
+        run = ing.run or (rel[-2] if len(rel) > 1 else Path(real[f]).parent.name)
+        m = metas.get(hashlib.sha1(real[f].encode()).hexdigest()[:16])  # its file id (``paths.file_id_of``)
+        if m is None or m.get("size_bytes") != st.st_size or m.get("mtime") != st.st_mtime or m.get("run") != run \
+                or m.get("tz", "UTC") != ing.tz or (forced is not None and m.get("format") != forced) \
+                or (ing.mapping is not None and str(m.get("format")).startswith("records")):
+            other.add(run)
+            continue
+        out[f] = (m, run, st.st_size)
+    return {f: u for f, u in out.items() if u[1] not in other}
+
+
+def _ingest_each(ing: Ingestor, files: list[tuple[Path, Path | None]], same: dict[Path, Unchanged]) -> None:
     """Read the log files one by one, each in a savepoint: a file that fails is undone and reported, and the
-    others still load."""
-    sizes = [f.stat().st_size for f, _ in files]
+    others still load.  The files of ``same`` are reported unchanged as ``Ingestor.ingest_file`` would."""
+    sizes = [same[f][2] if f in same else f.stat().st_size for f, _ in files]
     total = sum(sizes)
-    ing.prefetch = Prefetch(ing, files)
+    ing.prefetch = Prefetch(ing, [fr for fr in files if fr[0] not in same])
     ing.at = Progress(files_total=len(files), bytes_total=total)
     done = [0]
-    for (path, root), upto in zip(files, itertools.accumulate(sizes), strict=True):
+    for k, ((path, root), upto) in enumerate(zip(files, itertools.accumulate(sizes), strict=True)):
+        if path in same:  # no requests to count: the progress is told once at the end of a stretch of them
+            _report_unchanged(ing, path, *same[path])
+            done[0], ing.at.files_done, ing._reported = max(done[0], upto), ing.at.files_done + 1, len(ing.result.files)
+            if k + 1 == len(files) or files[k + 1][0] not in same:
+                ing.tick(done[0])
+            continue
         ing.tick(done[0])
-        point = ing.txn.savepoint()
-        meta_before = ing.files_meta.get(file_id_of(path))
-        try:
-            with bug_boundary(path=str(path)):
-                ing.ingest_file(path, root, done)
-        except ForensicsError as exc:
-            if isinstance(exc, InternalError):
-                exc.line = exc.line or ing.at_line
-                ing.result.bugs += 1
-                if os.environ.get("FORENSICS_DEBUG"):  # --debug: the traceback of each file's bug
-                    traceback.print_exception(exc.__cause__ or exc)
-            # the other files still load: undo this file's partial work and go on
-            ing.txn.rollback_to(point)
-            if meta_before is None:
-                ing.files_meta.pop(file_id_of(path), None)
-            else:
-                ing.files_meta[file_id_of(path)] = meta_before
-            ing.result.errors.append(exc.one_line())
-            ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
+        _ingest_one(ing, path, root, done)
         done[0] = max(done[0], upto)  # a file read in part (skipped, failed, cut) is done all the same
         ing.tick(done[0], file_done=True)
+
+
+def _report_unchanged(ing: Ingestor, path: Path, meta: dict[str, Any], run: str, size: int) -> None:
+    ing.result.files.append(FileReport(str(path), str(meta.get("format")), "unchanged"))
+    if str(meta.get("format")).startswith("records:"):  # read again if another file of its run changed
+        ing._requeue_records(path, FileState(format=meta.get("format"), mapping=meta.get("mapping")), run)
+
+
+def _ingest_one(ing: Ingestor, path: Path, root: Path | None, done: list[int]) -> None:
+    point = ing.txn.savepoint()
+    meta_before = ing.files_meta.get(file_id_of(path))
+    try:
+        with bug_boundary(path=str(path)):
+            ing.ingest_file(path, root, done)
+    except ForensicsError as exc:
+        if isinstance(exc, InternalError):
+            exc.line = exc.line or ing.at_line
+            ing.result.bugs += 1
+            if os.environ.get("FORENSICS_DEBUG"):  # --debug: the traceback of each file's bug
+                traceback.print_exception(exc.__cause__ or exc)
+        # the other files still load: undo this file's partial work and go on
+        ing.txn.rollback_to(point)
+        if meta_before is None:
+            ing.files_meta.pop(file_id_of(path), None)
+        else:
+            ing.files_meta[file_id_of(path)] = meta_before
+        ing.result.errors.append(exc.one_line())
+        ing.result.files.append(FileReport(str(path), "?", "error", message=exc.one_line()))
 
 
 def _compact_when_many(store: Store) -> str:

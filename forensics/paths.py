@@ -50,3 +50,32 @@ def _resolved(cwd: str, path: str) -> Path:
 def default_store_path() -> Path:
     """$FORENSICS_STORE, else ./forensics-store (here, not in store.py, so the CLI starts without DuckDB)."""
     return Path(os.environ.get("FORENSICS_STORE") or DEFAULT_STORE)
+
+
+Walked = tuple[Path, tuple[str, ...], os.stat_result, bool]
+
+
+def walk_files(top: Path) -> list[Walked]:
+    """The files below ``top`` in the order of ``sorted(top.rglob("*"))``, each with its path's parts below
+    ``top``, its stat and whether it is a link: one ``scandir`` a folder, whose entries keep their stat (an unchanged re-ingest of
+    thousands of run folders stats nothing twice).  Like ``rglob``, a linked folder is not entered, a linked
+    file is followed, and a folder that cannot be listed is passed over."""
+    out: list[Walked] = []
+    _walk(str(top), (), out)
+    return out
+
+
+def _walk(folder: str, rel: tuple[str, ...], out: list[Walked]) -> None:
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except (PermissionError, FileNotFoundError, NotADirectoryError):
+        return
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                _walk(e.path, (*rel, e.name), out)
+            elif e.is_file():
+                out.append((Path(e.path), (*rel, e.name), e.stat(), e.is_symlink()))
+        except OSError:
+            continue

@@ -515,7 +515,7 @@ class Store:
                 jpath.unlink(missing_ok=True)
             for stray in jdir.glob(".*"):
                 stray.unlink(missing_ok=True)
-        for stray in [*self.root.glob("*/run=*/*.tmp-*"), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*"),
+        for stray in [*_run_strays(self.root), *self.root.glob(f"*/{PACKS_DIR}/*.tmp-*"),
                       *self.root.glob(f"{META_DIR}/*.tmp-*"), *self.root.glob("_derived/*/*.tmp-*")]:
             stray.unlink(missing_ok=True)
             notes.append(f"removed unfinished part {stray.relative_to(self.root)}")
@@ -762,3 +762,18 @@ def _duck_type(dtype: pl.DataType) -> str:
         return "TIMESTAMPTZ"
     return "VARCHAR"
 
+
+def _run_strays(root: Path) -> list[Path]:
+    """``root.glob("*/run=*/*.tmp-*")`` with one ``scandir`` a folder: a store of thousands of runs has thousands
+    of run folders, and every writer looks through them for what an interrupted one left."""
+    return [Path(f.path) for table in _entries(str(root)) if table.is_dir()
+            for part in _entries(table.path) if part.name.startswith("run=") and part.is_dir()
+            for f in _entries(part.path) if ".tmp-" in f.name]
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
