@@ -312,6 +312,11 @@ def _fix(node: Any) -> Any:
         return exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[whole])
     if isinstance(node, exp.PercentileCont) and not isinstance(node.parent, exp.WithinGroup):
         return exp.Anonymous(this="PERCENTILE", expressions=[node.this, node.expression])  # exact, interpolated
+    if isinstance(node, exp.PercentileDisc) and not isinstance(node.parent, exp.WithinGroup):
+        # quantile_disc(x, q): Spark takes the standard form (the same value: the first whose share reaches q)
+        order = exp.Order(expressions=[exp.Ordered(this=node.this.copy())])
+        disc = exp.Anonymous(this="PERCENTILE_DISC", expressions=[node.expression.copy()])  # not sqlglot's approx
+        return exp.WithinGroup(this=disc, expression=order)
     if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_position":
         pos = exp.Anonymous(this="ARRAY_POSITION", expressions=node.expressions)
         return exp.Nullif(this=pos, expression=exp.Literal.number(0))  # 0 on Spark, NULL on DuckDB
@@ -331,7 +336,7 @@ def _fix(node: Any) -> Any:
     return node
 
 
-FIXES = """[NOT] MATERIALIZED hints are dropped; epoch(ts) and to_timestamp(seconds) keep their fraction; quantile_cont is Spark's exact percentile; list_position is NULL when
+FIXES = """[NOT] MATERIALIZED hints are dropped; epoch(ts) and to_timestamp(seconds) keep their fraction; quantile_cont is Spark's exact percentile; quantile_disc its percentile_disc within group; list_position is NULL when
 absent; printf of a NULL is NULL (Spark writes "null"); from_json takes a Spark schema; decimal literals are doubles; a double cast to an integer rounds."""
 
 

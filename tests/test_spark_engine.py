@@ -162,6 +162,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Any], pl.DataFrame]]] = {
     "errors": (("errors", "crashes"), lambda s: findings.error_groups(s)),
     "crashes": (("crashes",), lambda s: findings.rows(s, "crash")),
     "kv_stall": (("kv_stall",), lambda s: findings.rows(s, "kv_stall")),
+    "prompt_cache": (("prompt_cache",), lambda s: findings.rows(s, "prompt_cache")),
     "client_timeouts": (("client_timeouts",), lambda s: findings.rows(s, "failover")),
     "missing_items": (("missing_items",), lambda s: findings.missing_items(s)),
     "failed_requests": (("failed_requests",), lambda s: findings.rows(s, "failed")),
@@ -209,7 +210,7 @@ def _answers(store: Store, cases: list[str]) -> dict[str, pl.DataFrame | BaseExc
 SESSION_CASES = {"runaways", "prompt_over_context", "deadslots", "dead_slots", "cap_whatif", "caps_by_run", "errors",
                  "crashes", "kv_stall", "client_timeouts", "missing_items", "failed_requests", "run_ends", "run_cost",
                  "request_classes", "class_tokens", "verdict", "request_facts", "run_setup", "incidents",
-                 "precursors"}
+                 "precursors", "prompt_cache"}
 
 
 def _compare(answers: tuple[dict[str, Any], dict[str, Any]], case: str) -> pl.DataFrame:

@@ -27,10 +27,15 @@ f AS (
     SELECT *, lag(line_first) OVER (PARTITION BY run, instance_id, slot ORDER BY seq) AS slot_before
     FROM fx_requests WHERE run IN (SELECT unnest($runs)) AND cached_tokens IS NOT NULL AND prompt_tokens > 0
 ),
+fj AS (  -- the slot's last similarity line since its previous request (a plain join: Spark has no ASOF join)
+    SELECT f.*, s.sim_lcp,
+           row_number() OVER (PARTITION BY f.run, f.instance_id, f.path, f.slot, f.seq, f.line_first
+                              ORDER BY s.line_no DESC NULLS LAST) AS sim_rank
+    FROM f LEFT JOIN sims s ON s.run = f.run AND s.instance = f.instance AND s.path = f.path AND s.slot = f.slot
+                           AND s.line_no < f.line_first AND s.line_no > coalesce(f.slot_before, 0)
+),
 fs AS (
-    SELECT f.*, CASE WHEN s.line_no > coalesce(f.slot_before, 0) THEN s.sim_lcp END AS sim_lcp
-    FROM f ASOF LEFT JOIN sims s ON s.run = f.run AND s.instance = f.instance AND s.path = f.path
-                                 AND s.slot = f.slot AND s.line_no < f.line_first
+    SELECT * FROM fj WHERE sim_rank = 1
 ),
 r AS (
     SELECT f.run, f.instance, f.instance_id, f.path, f.slot, f.seq, f.item, f.bgroup, f.prompt_tokens, f.cached_tokens,
