@@ -210,16 +210,28 @@ def anchor(reqs: pl.DataFrame, inst_by_key: dict[InstKey, dict[str, Any]], launc
     return reqs, anchors
 
 
-def _forwards(r: pl.DataFrame, slot: list[str]) -> pl.DataFrame:
-    """Along each slot in order, a request of unknown start after one whose end is known starts at that end
-    and lasts its ``_d``; the chain stops at the first request whose length is unknown (``_f0``, ``_f1``)."""
+def _chains(r: pl.DataFrame, slot: list[str], head: str) -> pl.DataFrame:
+    """Each slot cut into chains, each starting at a request whose times are known (``_seg``), in the frame's
+    order: the lengths summed along the chain (``_sum``), the unknown lengths met so far (``_gaps``) and the
+    chain's first request's ``head`` time (``_head``)."""
     r = r.with_columns(pl.col("_known").cum_sum().over(slot).alias("_seg"))
     seg = [*slot, "_seg"]
     d = pl.when(pl.col("_known")).then(0.0).otherwise("_d")
-    r = r.with_columns(d.fill_null(0.0).cum_sum().over(seg).alias("_sum"),
-                       d.is_null().cast(pl.Int64).cum_sum().over(seg).alias("_gaps"),
-                       pl.col("t1").first().over(seg).alias("_head"))
-    ok = ~pl.col("_known") & (pl.col("_seg") > 0) & pl.col("_head").is_not_null()
+    return r.with_columns(d.fill_null(0.0).cum_sum().over(seg).alias("_sum"),
+                          d.is_null().cast(pl.Int64).cum_sum().over(seg).alias("_gaps"),
+                          pl.col(head).first().over(seg).alias("_head"))
+
+
+def _chained() -> pl.Expr:
+    """A request of unknown times inside a chain that has a known head."""
+    return ~pl.col("_known") & (pl.col("_seg") > 0) & pl.col("_head").is_not_null()
+
+
+def _forwards(r: pl.DataFrame, slot: list[str]) -> pl.DataFrame:
+    """Along each slot in order, a request of unknown start after one whose end is known starts at that end
+    and lasts its ``_d``; the chain stops at the first request whose length is unknown (``_f0``, ``_f1``)."""
+    r = _chains(r, slot, "t1")
+    ok = _chained()
     start = pl.col("_head") + pl.col("_sum") - pl.col("_d").fill_null(0.0)
     gaps_before = pl.col("_gaps") - pl.col("_d").is_null().cast(pl.Int64)
     return r.with_columns(pl.when(ok & (gaps_before == 0)).then(start).alias("_f0"),
@@ -230,13 +242,8 @@ def _backwards(r: pl.DataFrame, slot: list[str]) -> pl.DataFrame:
     """Along each slot in reverse, a request of known length ``_d`` and unknown start before one whose start is
     known ends where that one starts, and starts ``_d`` earlier; the chain stops at the first unknown length
     (``_b0``, ``_b1``)."""
-    r = r.reverse().with_columns(pl.col("_known").cum_sum().over(slot).alias("_seg"))
-    seg = [*slot, "_seg"]
-    d = pl.when(pl.col("_known")).then(0.0).otherwise("_d")
-    r = r.with_columns(d.fill_null(0.0).cum_sum().over(seg).alias("_sum"),
-                       d.is_null().cast(pl.Int64).cum_sum().over(seg).alias("_gaps"),
-                       pl.col("t0").first().over(seg).alias("_head"))
-    ok = ~pl.col("_known") & (pl.col("_seg") > 0) & pl.col("_head").is_not_null()
+    r = _chains(r.reverse(), slot, "t0")
+    ok = _chained()
     end = pl.col("_head") - pl.col("_sum") + pl.col("_d").fill_null(0.0)
     gaps_after = pl.col("_gaps") - pl.col("_d").is_null().cast(pl.Int64)
     own = pl.col("_d").is_not_null()  # a request of unknown length is not assumed to end as the next one starts
