@@ -279,7 +279,7 @@ def _kind(raw: dict[str, Any], fmt: str, macros: dict[str, str], path: Path, che
         fields=tuple(dict.fromkeys((*groups, *(k for k, _ in keys), *(k for k, _ in anywhere)))), frame=frame,
         keys=keys, anywhere=anywhere, role=role, skip=skip,
         fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", False)),
-        evidence=bool(raw.get("evidence", not raw.get("weak", False))), multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
+        evidence=bool(raw.get("evidence", True)), multiline=bool(raw.get("multiline", False)), startup=bool(raw.get("startup", False)),
         boundary=bool(raw.get("boundary", False)), ends=bool(raw.get("ends", False)), inherit=raw.get("inherit"), inherit_next=raw.get("inherit_next"),
         exclude=raw.get("exclude", ""), bare=bool(raw.get("bare", False)), loose=bool(raw.get("loose", False)),
     )
